@@ -1,0 +1,321 @@
+"""The typed schema of a moe_hydra run: one dataclass per config group, Megatron-Core field names.
+
+Values live in ``conf/<group>/*.yaml``; this module says what may be set and what each field means.
+Hydra validates every composed config against these classes, so a misspelt key or a wrong type fails
+at compose time, before anything is planned or launched.
+
+Where each node goes:
+
+- ``model``      architecture (``conf/model``), read by :mod:`moe_hydra.arch`, :mod:`moe_hydra.flops`,
+  :mod:`moe_hydra.params`.
+- ``hardware``   topology and peaks (``conf/hardware``).
+- ``precision``  compute precision recipe (``conf/precision``).
+- ``parallel``   both meshes; written by the ``attention_mesh``, ``expert_mesh`` and ``mesh`` groups.
+  DP and EDP are derived (:class:`moe_hydra.layout.Layout`), never set.
+- ``recompute``, ``offload``, ``dispatcher``, ``routing``: one group each.
+- ``kernels``, ``overlap``, ``optimizer``, ``train``, ``data``, ``contract``: plain nodes, overridden by key.
+- ``launcher``, ``logger``: where and how a run is executed and recorded.
+
+Pure module: imports only the standard library and omegaconf.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Dict, List, Optional
+
+from omegaconf import II, MISSING
+
+
+class Stage(str, Enum):
+    """What ``python -m moe_hydra`` does with the composed config."""
+
+    plan = "plan"  # validate, count, estimate; write plan.json; start nothing
+    run = "run"  # plan, then train and measure
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelConfig:
+    """A decoder-only MoE transformer, in Megatron-Core ``TransformerConfig`` names."""
+
+    name: str = MISSING
+    num_layers: int = MISSING
+    hidden_size: int = MISSING
+    # Dense MLP width, used by the layers that ``moe_layer_freq`` marks dense.
+    ffn_hidden_size: int = MISSING
+    num_attention_heads: int = MISSING
+    # GQA groups; null means MHA (= num_attention_heads).
+    num_query_groups: Optional[int] = None
+    # Per-head dimension; null means hidden_size / num_attention_heads.
+    kv_channels: Optional[int] = None
+    # Vocabulary before padding. Megatron pads it to a multiple of make_vocab_size_divisible_by x TP.
+    vocab_size: int = MISSING
+    make_vocab_size_divisible_by: int = 128
+    max_position_embeddings: int = 4096
+    # The sequence length this preset is benchmarked at; train.seq_length defaults to it.
+    seq_length: int = 4096
+    normalization: str = "RMSNorm"  # RMSNorm | LayerNorm
+    # SwiGLU when true (activation silu): three h x f matrices per MLP instead of two.
+    gated_linear_unit: bool = True
+    add_bias_linear: bool = False
+    add_qkv_bias: bool = False
+    qk_layernorm: bool = False
+    untie_embeddings_and_output_weights: bool = True
+    position_embedding_type: str = "rope"
+    rotary_base: int = 10000
+    # Sliding-window attention (window_size=[left,right]) on every window_attn_skip_freq-th layer.
+    window_size: Optional[List[int]] = None
+    window_attn_skip_freq: Optional[int] = None
+
+    # --- MoE -------------------------------------------------------------------------------
+    num_moe_experts: Optional[int] = None
+    # Per-expert FFN width; null means ffn_hidden_size.
+    moe_ffn_hidden_size: Optional[int] = None
+    moe_router_topk: int = 2
+    # Total width of the shared experts (count x per-expert width); null = none.
+    moe_shared_expert_intermediate_size: Optional[int] = None
+    moe_shared_expert_gate: bool = False
+    # Which layers are MoE: an int N (every N-th layer, layer 0 included), a 0/1 list of length
+    # num_layers, or Megatron's compact string such as "[0]*3+[1]*58".
+    moe_layer_freq: Any = 1
+    moe_router_score_function: str = "softmax"  # softmax | sigmoid
+    moe_router_pre_softmax: bool = False
+    moe_router_num_groups: Optional[int] = None
+    moe_router_group_topk: Optional[int] = None
+    moe_router_topk_scaling_factor: Optional[float] = None
+    moe_router_enable_expert_bias: bool = False
+    moe_router_load_balancing_type: str = "aux_loss"  # aux_loss | seq_aux_loss | none | ...
+    moe_aux_loss_coeff: float = 0.0
+
+    # --- Multi-latent attention (DeepSeek) -------------------------------------------------
+    multi_latent_attention: bool = False
+    q_lora_rank: Optional[int] = None
+    kv_lora_rank: int = 512
+    qk_head_dim: int = 128
+    qk_pos_emb_head_dim: int = 64
+    v_head_dim: int = 128
+
+    # Multi-token prediction blocks (DeepSeek-V3: 1); null = none.
+    mtp_num_layers: Optional[int] = None
+
+
+@dataclass(kw_only=True, slots=True)
+class HardwareConfig:
+    """Where the ranks run. World size = nodes x devices_per_node."""
+
+    name: str = MISSING
+    # Device family; decides which precisions and kernels exist: cpu | hopper | blackwell.
+    arch: str = MISSING
+    device: str = MISSING
+    nodes: int = 1
+    # GPUs per node (processes per node for local_cpu).
+    devices_per_node: int = MISSING
+    # Devices that share one NVLink domain (8 on HGX, 72 on NVL72). EP x TP should stay inside it.
+    nvlink_domain_size: int = 1
+    # Device memory per rank in GiB; null = unknown (CPU).
+    memory_gib: Optional[float] = None
+    hbm_bandwidth_tb_s: Optional[float] = None
+    # Dense (no 2:4 sparsity) peak TFLOP/s per device by compute precision; null = unknown.
+    peak_tflops_bf16: Optional[float] = None
+    peak_tflops_fp8: Optional[float] = None
+    peak_tflops_fp4: Optional[float] = None
+    # Bidirectional NVLink bandwidth per device, GB/s.
+    nvlink_bandwidth_gb_s: Optional[float] = None
+    # Scale-out (NIC) bandwidth per device, GB/s.
+    scaleout_bandwidth_gb_s: Optional[float] = None
+
+
+@dataclass(kw_only=True, slots=True)
+class PrecisionConfig:
+    """Compute precision. fp8/fp4 recipes run through Transformer Engine on top of bf16 params."""
+
+    name: str = MISSING
+    params_dtype: str = "bf16"  # bf16 | fp16 | fp32
+    fp8: Optional[str] = None  # e4m3 | hybrid
+    fp8_recipe: Optional[str] = None  # tensorwise | delayed | blockwise | mxfp8
+    fp4: Optional[str] = None  # e2m1
+    fp4_recipe: Optional[str] = None  # nvfp4
+
+
+@dataclass(kw_only=True, slots=True)
+class ParallelConfig:
+    """Both meshes of Parallel Folding, sharing PP.
+
+    attention mesh: world = TP x CP x DP x PP       expert mesh: world = ETP x EP x EDP x PP
+    DP and EDP are derived by :class:`moe_hydra.layout.Layout`.
+    """
+
+    tensor_model_parallel_size: int = 1
+    context_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    # Model chunks per pipeline rank (interleaved 1F1B); null = not interleaved.
+    virtual_pipeline_model_parallel_size: Optional[int] = None
+    # Stage string such as "Et|(tt|)*30mL" (E embedding, t layer, m MTP, L loss, | stage boundary).
+    pipeline_model_parallel_layout: Optional[str] = None
+    num_layers_in_first_pipeline_stage: Optional[int] = None
+    num_layers_in_last_pipeline_stage: Optional[int] = None
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+    sequence_parallel: bool = False
+    cp_comm_type: str = "p2p"  # p2p | all_gather | a2a | a2a+p2p
+    hierarchical_context_parallel_sizes: Optional[List[int]] = None
+    expert_model_parallel_size: int = 1
+    # null = tensor_model_parallel_size (Megatron's default); 1 is the usual choice.
+    expert_tensor_parallel_size: Optional[int] = None
+    # Rank order tp-cp-ep-pp-dp instead of the default tp-cp-ep-dp-pp.
+    use_tp_pp_dp_mapping: bool = False
+
+
+@dataclass(kw_only=True, slots=True)
+class RecomputeConfig:
+    name: str = MISSING
+    recompute_granularity: Optional[str] = None  # null | selective | full
+    recompute_method: Optional[str] = None  # uniform | block (full only)
+    recompute_num_layers: Optional[int] = None  # full only
+    # Selective only: core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts.
+    recompute_modules: Optional[List[str]] = None
+
+
+@dataclass(kw_only=True, slots=True)
+class OffloadConfig:
+    name: str = MISSING
+    fine_grained_activation_offloading: bool = False
+    # attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm, expert_fc1, moe_act.
+    offload_modules: List[str] = field(default_factory=list)
+    optimizer_cpu_offload: bool = False
+    # Fraction of the optimizer state kept on the CPU, 0..1.
+    optimizer_offload_fraction: float = 0.0
+
+
+@dataclass(kw_only=True, slots=True)
+class DispatcherConfig:
+    name: str = MISSING
+    moe_token_dispatcher_type: str = MISSING  # allgather | alltoall | flex
+    # flex only: deepep | hybridep.
+    moe_flex_dispatcher_backend: Optional[str] = None
+    # SMs given to the flex kernels; mapped to the installed megatron-core's field names by
+    # moe_hydra.versions (moe_deepep_num_sms / moe_hybridep_num_sms / moe_flex_dispatcher_num_sms).
+    num_sms: Optional[int] = None
+
+
+@dataclass(kw_only=True, slots=True)
+class RoutingConfig:
+    """Routing semantics. Anything but natural dropless routing makes a run benchmark-only."""
+
+    name: str = MISSING
+    moe_router_force_load_balancing: bool = False
+    # null = dropless; a value enables token drop at that capacity.
+    moe_expert_capacity_factor: Optional[float] = None
+    moe_pad_expert_input_to_capacity: bool = False
+    moe_token_drop_policy: str = "probs"
+    moe_router_dtype: Optional[str] = "fp32"
+    moe_router_padding_for_quantization: bool = False
+
+
+@dataclass(kw_only=True, slots=True)
+class KernelsConfig:
+    moe_grouped_gemm: bool = False
+    moe_permute_fusion: bool = False
+    moe_router_fusion: bool = False
+    cuda_graph_impl: str = "none"  # none | local | transformer_engine | full_iteration
+    cuda_graph_scope: List[str] = field(default_factory=list)
+
+
+@dataclass(kw_only=True, slots=True)
+class OverlapConfig:
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    tp_comm_overlap: bool = False
+    # Interleaved-PP send/recv overlap; batch_p2p_comm = not overlap_p2p_comm.
+    overlap_p2p_comm: bool = True
+    overlap_moe_expert_parallel_comm: bool = False
+    delay_wgrad_compute: bool = False
+    moe_shared_expert_overlap: bool = False
+
+
+@dataclass(kw_only=True, slots=True)
+class OptimizerConfig:
+    optimizer: str = "adam"
+    lr: float = 1.0e-4
+    weight_decay: float = 0.01
+    clip_grad: float = 1.0
+    use_distributed_optimizer: bool = True
+    num_distributed_optimizer_instances: int = 1
+    use_precision_aware_optimizer: bool = False
+    main_grads_dtype: str = "fp32"
+    main_params_dtype: str = "fp32"
+    exp_avg_dtype: str = "fp32"
+    exp_avg_sq_dtype: str = "fp32"
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainConfig:
+    micro_batch_size: int = 1
+    # null = micro_batch_size x DP (one micro-batch per data-parallel rank per step).
+    global_batch_size: Optional[int] = None
+    seq_length: int = II("model.seq_length")
+    # Steps to run; defaults to the last step of the contract window.
+    train_iters: int = II("contract.window[1]")
+
+
+@dataclass(kw_only=True, slots=True)
+class DataConfig:
+    # mock = synthetic tokens (benchmark-only by definition). Real datasets plug in here.
+    kind: str = "mock"
+    path: Optional[str] = None
+    seed: int = 1234
+
+
+@dataclass(kw_only=True, slots=True)
+class ContractConfig:
+    """How a run is measured. Steps are 1-based; warmup steps never enter a statistic."""
+
+    warmup_steps: int = 3
+    # Steady window [first, last], inclusive; first > warmup_steps.
+    window: List[int] = field(default_factory=lambda: [4, 10])
+
+
+@dataclass(kw_only=True, slots=True)
+class LauncherConfig:
+    name: str = MISSING
+
+
+@dataclass(kw_only=True, slots=True)
+class LoggerConfig:
+    name: str = MISSING
+    project: str = "moe_hydra"
+    # online | offline | disabled; null = offline without WANDB_API_KEY, online with one.
+    mode: Optional[str] = None
+
+
+@dataclass(kw_only=True, slots=True)
+class Config:
+    """The root: what ``python -m moe_hydra`` composes."""
+
+    stage: Stage = Stage.run
+    seed: int = 1234
+    tags: List[str] = field(default_factory=list)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
+    dispatcher: DispatcherConfig = field(default_factory=DispatcherConfig)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    kernels: KernelsConfig = field(default_factory=KernelsConfig)
+    overlap: OverlapConfig = field(default_factory=OverlapConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    contract: ContractConfig = field(default_factory=ContractConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+
+
+def register_configs() -> None:
+    """Register the root schema as ``base_config``; ``conf/config.yaml`` extends it."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="base_config", node=Config)

@@ -87,6 +87,7 @@ class Arch:
     qk_pos_emb_head_dim: int
     v_head_dim: int
     shared_gate: bool
+    learned_positions: int  # rows of a learned absolute position embedding (0 with RoPE)
 
     @classmethod
     def from_model(cls, m: Any) -> "Arch":
@@ -120,6 +121,7 @@ class Arch:
             qk_pos_emb_head_dim=m.qk_pos_emb_head_dim,
             v_head_dim=m.v_head_dim,
             shared_gate=m.moe_shared_expert_gate,
+            learned_positions=m.max_position_embeddings if m.position_embedding_type == "learned_absolute" else 0,
         )
 
     @property

@@ -2,7 +2,7 @@
 
 Counts what Megatron-Core's ``GPTModel`` allocates: per layer the attention projections (GQA or
 MLA), two norms, a dense MLP or a MoE block (router, routed experts, shared experts), then the
-embedding, the final norm and the output layer, and each MTP block (two norms, the 2h -> h
+embedding (plus a learned position embedding, if any), the final norm and the output layer, and each MTP block (two norms, the 2h -> h
 projection, one layer of the last layer's type, its own final norm).
 
 Per rank, Megatron's sharding applies: attention, dense MLP, shared experts, embedding and output
@@ -102,7 +102,7 @@ class _Counter:
             dense, expert = dense + d, expert + e
         vocab_shard = a.padded_vocab(self.tp) * a.h // self.tp
         if r.embedding:
-            dense += vocab_shard
+            dense += vocab_shard + a.learned_positions * a.h  # position embedding: not sharded
         if r.loss:
             dense += a.h * self.norm
             if a.untied or pp > 1:

@@ -117,6 +117,7 @@ def _list(values: list[int]) -> str:
 _CHOICES = {
     "hardware.arch": ("cpu", "hopper", "blackwell"),
     "model.normalization": ("RMSNorm", "LayerNorm"),
+    "model.position_embedding_type": ("rope", "learned_absolute", "none"),
     "model.moe_router_score_function": ("softmax", "sigmoid", "sqrtsoftplus"),
     "precision.params_dtype": ("bf16", "fp16", "fp32"),
     "precision.fp8": (None, "e4m3", "hybrid"),

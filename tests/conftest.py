@@ -1,0 +1,51 @@
+"""Shared fixtures: compose the real ``conf/`` through Hydra's compose API, as users' commands do."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+
+from moe_hydra.cli import CONF_DIR
+from moe_hydra.schema import register_configs
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def compose_config(*overrides: str):
+    """The composed root config as objects (what the rules and the planner read)."""
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=list(overrides))
+    return OmegaConf.to_object(cfg)
+
+
+@pytest.fixture
+def compose_cfg():
+    return compose_config
+
+
+def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
+    """``python -m moe_hydra ARGS`` in a subprocess, outputs under ``cwd``."""
+    full_env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "moe_hydra", *args], cwd=cwd, env=full_env, capture_output=True, text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture
+def cli(tmp_path):
+    """Run the CLI with its run and sweep directories inside ``tmp_path``."""
+
+    def _run(*args: str, **kw) -> subprocess.CompletedProcess:
+        return run_cli(f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/multi", *args, cwd=tmp_path, **kw)
+
+    return _run

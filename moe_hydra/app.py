@@ -1,8 +1,9 @@
 """``python -m moe_hydra``: compose -> validate -> plan -> (stage=run) launch the job.
 
 Bad input ends here with one message that names the override to change, exit code 2, no
-traceback, and nothing launched. In a multirun, invalid points are reported and skipped, the valid
-ones proceed, and the command exits 2 at the end if any point was invalid.
+traceback, and nothing launched. A job that starts and fails exits 1. In a multirun, invalid
+points are reported and skipped, the valid ones proceed, and the exit code at the end says whether
+any point failed (1) or was refused (2).
 """
 
 from __future__ import annotations
@@ -22,14 +23,16 @@ from moe_hydra.schema import Stage, register_configs
 
 log = logging.getLogger("moe_hydra")
 
-EXIT_INVALID = 2
+EXIT_FAILED = 1  # a job started and failed
+EXIT_INVALID = 2  # refused before anything started
 
 
 @dataclass
 class _Session:
     """Outcomes of the points this process ran (one, or every point of a local multirun)."""
 
-    invalid: list[str] = field(default_factory=list)
+    invalid: list[str] = field(default_factory=list)  # refused before anything started
+    failed: list[str] = field(default_factory=list)  # started, then failed
     points: int = 0
 
 
@@ -66,11 +69,30 @@ def run_point(cfg: DictConfig) -> dict | None:
     Console().print(plan.render(p))
     log.info("plan written to %s", out_dir / "plan.json")
     if obj.stage is Stage.run:
-        _report_invalid(
-            "stage=run: the Megatron-Core training job is not built yet; use stage=plan "
-            "(the plan above is valid)."
-        )
+        return _run_job(cfg, obj, p, out_dir)
     return p
+
+
+def _run_job(cfg: DictConfig, obj, p: dict, out_dir: Path) -> dict | None:
+    """stage=run: check this machine, start the ranks, report the measured run."""
+    from moe_hydra import launch
+
+    problems = launch.preflight(obj, p["world_size"])
+    if problems:
+        _report_invalid("cannot run here; nothing was started:\n  " + "\n  ".join(problems))
+        return None
+    spec = {"config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), "out_dir": str(out_dir), "plan": p}
+    try:
+        results = launch.launch_local(spec, p["world_size"], out_dir)
+    except launch.JobFailed as e:
+        _session.failed.append(_point_name())
+        print(f"moe_hydra: {e}", file=sys.stderr, flush=True)
+        return None
+    loss = results["loss"]
+    print(f"moe_hydra: {results['steps']} steps, window {results['window']}: step {results['step_time_ms']:.1f} ms, "
+          f"{results['tokens_per_s_per_gpu']:.1f} tokens/s/GPU, {results['tflops_per_gpu']:.4f} TFLOP/s/GPU, "
+          f"loss {loss['first']:.3f} -> {loss['last']:.3f}  ({out_dir / 'results.json'})", flush=True)
+    return results
 
 
 @hydra.main(config_path=str(cli.CONF_DIR), config_name="config", version_base="1.3")
@@ -86,8 +108,11 @@ def main() -> None:
         print("moe_hydra: " + "\n  ".join(problems), file=sys.stderr)
         sys.exit(EXIT_INVALID)
     _hydra_app()
+    bad = _session.invalid + _session.failed
+    if bad and _session.points > 1:
+        print(f"moe_hydra: {len(bad)} of {_session.points} points did not complete:\n  " + "\n  ".join(
+            [f"{p} (refused)" for p in _session.invalid] + [f"{p} (failed)" for p in _session.failed]), file=sys.stderr)
+    if _session.failed:
+        sys.exit(EXIT_FAILED)
     if _session.invalid:
-        if _session.points > 1:
-            print(f"moe_hydra: {len(_session.invalid)} of {_session.points} points were not run:\n  "
-                  + "\n  ".join(_session.invalid), file=sys.stderr)
         sys.exit(EXIT_INVALID)

@@ -257,6 +257,11 @@ class TrainConfig:
     seq_length: int = II("model.seq_length")
     # Steps to run; defaults to the last step of the contract window.
     train_iters: int = II("contract.window[1]")
+    # Print a metrics line every N steps (rank 0).
+    log_interval: int = 1
+    # Draw every weight from (seed, its global name), so any layout of the model starts from the same
+    # weights and loss curves compare step by step across layouts (moe_hydra.weights).
+    layout_invariant_init: bool = True
 
 
 @dataclass(kw_only=True, slots=True)

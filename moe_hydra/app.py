@@ -61,26 +61,36 @@ def run_point(cfg: DictConfig) -> dict | None:
         plan.write_json({"stage": "plan", "status": "invalid", "violations": [
             {"rule": v.rule, "message": v.message, "fields": dict(v.fields), "fix": v.fix} for v in e.violations
         ]}, out_dir / "violations.json")
-        _report_invalid(e.report())
+        message = e.report()
+        if obj.stage is Stage.run:
+            from moe_hydra import launch
+
+            machine = launch.preflight(obj)
+            if machine:
+                message += "\n  and on this machine:\n  " + "\n  ".join(machine)
+        _report_invalid(message)
         return None
     plan.write_json(p, out_dir / "plan.json")
+    if obj.stage is Stage.run:
+        from moe_hydra import launch
+
+        problems = launch.preflight(obj)
+        if problems:
+            _report_invalid("cannot run here; nothing was started:\n  " + "\n  ".join(problems))
+            return None
     from rich.console import Console
 
     Console().print(plan.render(p))
     log.info("plan written to %s", out_dir / "plan.json")
     if obj.stage is Stage.run:
-        return _run_job(cfg, obj, p, out_dir)
+        return _run_job(cfg, p, out_dir)
     return p
 
 
-def _run_job(cfg: DictConfig, obj, p: dict, out_dir: Path) -> dict | None:
-    """stage=run: check this machine, start the ranks, report the measured run."""
+def _run_job(cfg: DictConfig, p: dict, out_dir: Path) -> dict | None:
+    """stage=run: start the ranks (the machine was checked), report the measured run."""
     from moe_hydra import launch
 
-    problems = launch.preflight(obj, p["world_size"])
-    if problems:
-        _report_invalid("cannot run here; nothing was started:\n  " + "\n  ".join(problems))
-        return None
     spec = {"config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), "out_dir": str(out_dir), "plan": p}
     try:
         results = launch.launch_local(spec, p["world_size"], out_dir)

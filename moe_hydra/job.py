@@ -278,6 +278,8 @@ class _Job:
             batches = iter([data.batch(step - 1, dp_rank, mb) for mb in range(data.microbatches)])
             iterators = [batches] if len(model) == 1 else [batches] + [
                 iter([data.batch(step - 1, dp_rank, mb) for mb in range(data.microbatches)]) for _ in model[1:]]
+            if step == t.fail_at_step:
+                raise RuntimeError(f"train.fail_at_step={step}: failing on purpose")
             dist.barrier()
             if self.on_gpu:
                 start_evt, end_evt = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -41,7 +41,7 @@ def _has_hybrid_ep() -> bool:
     return True
 
 
-def preflight(cfg: Any, world_size: int) -> list[str]:
+def preflight(cfg: Any) -> list[str]:
     """What stops this config from running on this machine (empty when nothing does)."""
     problems = []
     hw = cfg.hardware

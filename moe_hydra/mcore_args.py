@@ -22,6 +22,12 @@ FUSIONS = ("bias_dropout_fusion", "bias_activation_fusion", "apply_rope_fusion",
 def transformer_config_kwargs(cfg: Any, mcore: McoreFacts, *, on_gpu: bool, with_te: bool) -> dict[str, Any]:
     """Keyword arguments for ``TransformerConfig`` (or ``MLATransformerConfig`` with MLA)."""
     m, p, pr, d, r = cfg.model, cfg.parallel, cfg.precision, cfg.dispatcher, cfg.routing
+    interleaved = p.virtual_pipeline_model_parallel_size is not None or p.pipeline_model_parallel_layout is not None
+    # Megatron overlaps p2p only in the interleaved schedule (it refuses it otherwise). On gloo, batched
+    # p2p between two stages that are each other's both neighbours swaps equal-shaped activations and
+    # gradients (silently wrong, mcore-on-cpu.md §4): without a GPU, p2p is never batched.
+    overlap_p2p = cfg.overlap.overlap_p2p_comm and interleaved
+    batch_p2p = (not overlap_p2p) if on_gpu else False
     kw: dict[str, Any] = dict(
         num_layers=m.num_layers,
         hidden_size=m.hidden_size,
@@ -75,8 +81,8 @@ def transformer_config_kwargs(cfg: Any, mcore: McoreFacts, *, on_gpu: bool, with
         moe_router_fusion=cfg.kernels.moe_router_fusion,
         cuda_graph_impl=cfg.kernels.cuda_graph_impl,
         tp_comm_overlap=cfg.overlap.tp_comm_overlap,
-        overlap_p2p_comm=cfg.overlap.overlap_p2p_comm,
-        batch_p2p_comm=not cfg.overlap.overlap_p2p_comm,
+        overlap_p2p_comm=overlap_p2p,
+        batch_p2p_comm=batch_p2p,
         overlap_moe_expert_parallel_comm=cfg.overlap.overlap_moe_expert_parallel_comm,
         delay_wgrad_compute=cfg.overlap.delay_wgrad_compute,
         moe_shared_expert_overlap=cfg.overlap.moe_shared_expert_overlap,

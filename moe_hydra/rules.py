@@ -350,9 +350,6 @@ def l18_interleave_p2p(c: Ctx):
                 "with PP 2 both neighbours are the same rank and sends/receives of equal shape are swapped",
                 "overlap.overlap_p2p_comm=true", overlap__overlap_p2p_comm=False,
                 parallel__pipeline_model_parallel_size=pp, parallel__virtual_pipeline_model_parallel_size=vpp)
-    elif interleaved and not c.cfg.overlap.overlap_p2p_comm and c.cfg.hardware.arch == "cpu":
-        yield V("L18", "VPP on gloo with batched p2p (batch_p2p_comm=true) silently swaps activations and gradients",
-                "overlap.overlap_p2p_comm=true", overlap__overlap_p2p_comm=False, hardware__arch="cpu")
 
 
 # --------------------------------------------------------------------------- sequence, TP, SP (L21-L28)
@@ -465,8 +462,10 @@ def l37_l45_dispatcher(c: Ctx):
                 "dispatcher.moe_flex_dispatcher_backend=null", dispatcher__moe_token_dispatcher_type=d.moe_token_dispatcher_type,
                 dispatcher__moe_flex_dispatcher_backend=d.moe_flex_dispatcher_backend)
     if c.flex and lo.etp * lo.ep <= 1:
+        experts = c.m.num_moe_experts or 1
+        good = [e for e in _divisors(experts) if e > 1 and lo.world_size % (lo.etp * e * lo.pp) == 0]
         yield V("L40", f"the flex dispatcher ({d.moe_flex_dispatcher_backend}) needs ETP x EP > 1; it is {lo.etp}x{lo.ep}",
-                "an expert mesh with EP > 1 (e.g. expert_mesh=ep8), or dispatcher=alltoall",
+                f"parallel.expert_model_parallel_size=<one of {_list(good)}>, or dispatcher=alltoall",
                 dispatcher__name=d.name, parallel__expert_model_parallel_size=lo.ep,
                 parallel__expert_tensor_parallel_size=lo.etp)
     if c.flex and d.moe_flex_dispatcher_backend == "deepep" and r.moe_pad_expert_input_to_capacity:

@@ -262,6 +262,8 @@ class TrainConfig:
     # Draw every weight from (seed, its global name), so any layout of the model starts from the same
     # weights and loss curves compare step by step across layouts (moe_hydra.weights).
     layout_invariant_init: bool = True
+    # Raise inside the job at this step: exercises failure reporting end to end (tests, launchers).
+    fail_at_step: Optional[int] = None
 
 
 @dataclass(kw_only=True, slots=True)

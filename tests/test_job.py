@@ -1,0 +1,115 @@
+"""The Megatron-Core job end to end on this machine's CPU (gloo): real processes, real training."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+FP32 = "precision=fp32"  # CPU runs are compared in fp32, where the layouts agree to ~1e-6
+
+
+def results(path):
+    return json.loads((path / "run" / "results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def one_process_gbs8(tmp_path_factory):
+    """The 1-process reference: same seed, same global batch (8 sequences as 2 micro-batches)."""
+    from tests.conftest import run_cli
+
+    tmp = tmp_path_factory.mktemp("ref")
+    r = run_cli(f"hydra.run.dir={tmp}/run", FP32, "train.global_batch_size=8", cwd=tmp, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return results(tmp)
+
+
+def test_default_job_writes_complete_results(cli, tmp_path):
+    r = cli(timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = results(tmp_path)
+    assert res["status"] == "ok" and res["stage"] == "run"
+    assert res["steps"] == 10 and res["window"] == [4, 10] and res["warmup_steps"] == 3
+    times = res["step_times_ms"]
+    assert len(times) == 10 and all(t > 0 for t in times)
+    assert res["step_time_ms"] == pytest.approx(statistics.fmean(times[3:10]))  # steps 4..10, warmup excluded
+    tokens = 4 * 128  # MBS 4 x DP 1, seq 128
+    assert res["tokens_per_step"] == tokens
+    assert res["tokens_per_s_per_gpu"] == pytest.approx(tokens / (res["step_time_ms"] / 1e3))
+    assert res["tflops_per_gpu"] == pytest.approx(res["flops_per_token"] * res["tokens_per_s_per_gpu"] / 1e12)
+    assert res["mfu"] is None and res["peak_tflops"] is None  # no peak for a CPU
+    assert res["peak_memory_gib"]["rss"] > 0.1 and "ru_maxrss" in res["memory_counter"]
+    loss = res["loss"]
+    assert loss["all_finite"] and loss["nan_or_skipped"] == 0 and len(loss["per_step"]) == 10
+    assert loss["last"] < loss["first"] - 0.1, loss["per_step"]
+    assert res["parallel"]["data_parallel_size"] == 1 and res["label"] == "benchmark-only"
+    ev = res["evidence"]
+    assert ev["dispatcher_class"] == "MoEAlltoAllTokenDispatcher" and ev["local_experts_per_rank"] == 8
+    assert ev["grouped_gemm"] is False and ev["experts_class"] == "SequentialMLP"
+    assert ev["optimizer_class"] == "DistributedOptimizer" and ev["param_dtype"] == "bfloat16"
+    assert ev["backend"] == "gloo" and ev["layer_spec"] == "local"
+    assert re.search(r"step\s+10\s+loss\s+\d", r.stdout + r.stderr)  # the metric line of the last step
+
+
+@pytest.mark.parametrize("dispatcher,klass", [("alltoall", "MoEAlltoAllTokenDispatcher"),
+                                              ("allgather", "MoEAllGatherTokenDispatcher")])
+def test_ep2_over_two_processes_matches_one_process(cli, tmp_path, one_process_gbs8, dispatcher, klass):
+    r = cli(FP32, "hardware.devices_per_node=2", "expert_mesh=ep2", f"dispatcher={dispatcher}", timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = results(tmp_path)
+    p = res["parallel"]
+    assert (p["expert_model_parallel_size"], p["data_parallel_size"], p["expert_data_parallel_size"]) == (2, 2, 1)
+    assert res["evidence"]["dispatcher_class"] == klass and res["evidence"]["local_experts_per_rank"] == 4
+    # Same seed, same 8 sequences per step, layout-invariant weights: the math says the losses agree.
+    assert res["loss"]["first"] == pytest.approx(one_process_gbs8["loss"]["first"], abs=1e-5)
+    assert res["loss"]["per_step"][:4] == pytest.approx(one_process_gbs8["loss"]["per_step"][:4], abs=1e-4)
+    assert not list((tmp_path / "run").glob("results*.json"))[1:]  # rank 1 wrote no results of its own
+
+
+def test_parallel_folding_tp2_sp_ep2_etp1(cli, tmp_path):
+    ref_dir = tmp_path / "ref"
+    from tests.conftest import run_cli
+
+    ref = run_cli(f"hydra.run.dir={ref_dir}/run", FP32, cwd=tmp_path, timeout=300)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    r = cli(FP32, "hardware.devices_per_node=2", "attention_mesh=tp2", "expert_mesh=ep2", timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = results(tmp_path)
+    p = res["parallel"]
+    # TP2 DP1 on the attention mesh, EP2 ETP1 EDP1 on the expert mesh: EP larger than DP
+    assert (p["tensor_model_parallel_size"], p["data_parallel_size"], p["sequence_parallel"]) == (2, 1, True)
+    assert (p["expert_model_parallel_size"], p["expert_tensor_parallel_size"], p["expert_data_parallel_size"]) == (2, 1, 1)
+    assert res["loss"]["first"] == pytest.approx(results(ref_dir)["loss"]["first"], abs=1e-5)
+    assert res["loss"]["per_step"][:3] == pytest.approx(results(ref_dir)["loss"]["per_step"][:3], abs=1e-4)
+
+
+def test_pipeline_parallel_matches_one_process(cli, tmp_path, one_process_gbs8):
+    r = cli(FP32, "hardware.devices_per_node=2", "attention_mesh=pp2", "train.global_batch_size=8", timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = results(tmp_path)
+    assert res["evidence"]["batch_p2p_comm"] is False  # never batched on gloo
+    assert res["loss"]["per_step"][:4] == pytest.approx(one_process_gbs8["loss"]["per_step"][:4], abs=1e-4)
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["hardware.devices_per_node=2", "expert_mesh=ep2", "dispatcher=deepep"], "needs DeepEP"),
+    (["hardware.devices_per_node=2", "expert_mesh=ep2", "dispatcher=hybridep"], "needs HybridEP"),
+    (["hardware=h100_sxm"], "this machine has 0"),
+    (["hardware.devices_per_node=64", "expert_mesh=ep8"], "processes need as many cores"),
+])
+def test_what_this_machine_cannot_run_is_refused_before_any_process(cli, tmp_path, args, expected):
+    r = cli(*args)
+    assert r.returncode == 2 and expected in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "run" / "ranks").exists() and not (tmp_path / "run" / "results.json").exists()
+
+
+def test_a_failing_job_reports_failed(cli, tmp_path):
+    r = cli("hardware.devices_per_node=2", "expert_mesh=ep2", "train.fail_at_step=2", timeout=300)
+    assert r.returncode == 1
+    assert "failing on purpose" in r.stderr and "per-rank logs" in r.stderr
+    res = results(tmp_path)
+    assert res["status"] == "failed" and "fail_at_step=2" in res["error"]

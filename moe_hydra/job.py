@@ -274,7 +274,10 @@ class _Job:
         samples = []
         progress = self._progress(t.train_iters) if self.rank == 0 else None
 
+        first, last = contract.window
         for step in range(1, t.train_iters + 1):
+            if step == first:
+                window_start = time.perf_counter()
             batches = iter([data.batch(step - 1, dp_rank, mb) for mb in range(data.microbatches)])
             iterators = [batches] if len(model) == 1 else [batches] + [
                 iter([data.batch(step - 1, dp_rank, mb) for mb in range(data.microbatches)]) for _ in model[1:]]
@@ -325,6 +328,8 @@ class _Job:
                 progress.update(step)
                 if step % t.log_interval == 0 or step == t.train_iters:
                     progress.log(metrics.log_line(rec, tokens_per_step, self.world, fpt, peak, self._memory_gib()))
+            if step == last:
+                loop_ms = (time.perf_counter() - window_start) * 1e3 / (last - first + 1)
         if progress is not None:
             progress.close()
         memory = self._peak_memory()
@@ -342,6 +347,9 @@ class _Job:
                                       if self.on_gpu else "time.perf_counter around each step, max over ranks"),
                 "window_counter": f"mean of steps {contract.window[0]}..{contract.window[1]}; "
                                   f"steps 1..{contract.warmup_steps} are warmup",
+                # wall time per window step on rank 0 including everything between steps (data, sync of
+                # the measurements, logging): what the harness costs on top of the timed steps
+                "window_loop_ms_per_step": loop_ms,
                 "peak_tflops": peak,
                 "peak_tflops_field": peak_field,
                 **memory,
@@ -415,23 +423,31 @@ class _Job:
 
 
 class _Progress:
-    """A rich progress bar on rank 0, with log lines printed above it."""
+    """Rank 0's progress bar (on a terminal) with the metric lines printed above it.
+
+    Refreshed once per step from the training loop, never by a background thread, so it takes no
+    CPU time from the steps it measures.
+    """
 
     def __init__(self, total: int):
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
         self.console = Console(stderr=True)
-        self.bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                            console=self.console, transient=True)
-        self.task = self.bar.add_task("train", total=total)
-        self.bar.start()
+        self.bar = None
+        if self.console.is_terminal:
+            self.bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                                console=self.console, transient=True, auto_refresh=False)
+            self.task = self.bar.add_task("train", total=total)
+            self.bar.start()
 
     def update(self, step: int) -> None:
-        self.bar.update(self.task, completed=step)
+        if self.bar is not None:
+            self.bar.update(self.task, completed=step, refresh=True)
 
     def log(self, line: str) -> None:
-        self.bar.console.print(line, highlight=False, soft_wrap=True)
+        self.console.print(line, highlight=False, soft_wrap=True)
 
     def close(self) -> None:
-        self.bar.stop()
+        if self.bar is not None:
+            self.bar.stop()

@@ -9,6 +9,7 @@ any point failed (1) or was refused (2).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from moe_hydra import cli, plan
+from moe_hydra import cli, plan, slurm
 from moe_hydra.rules import LayoutError
 from moe_hydra.schema import Stage, register_configs
 
@@ -29,14 +30,19 @@ EXIT_INVALID = 2  # refused before anything started
 
 @dataclass
 class _Session:
-    """Outcomes of the points this process ran (one, or every point of a local multirun)."""
+    """Outcomes of the points this process ran or launched: (point, state) in sweep.py's vocabulary."""
 
-    invalid: list[str] = field(default_factory=list)  # refused before anything started
-    failed: list[str] = field(default_factory=list)  # started, then failed
-    points: int = 0
+    outcomes: list[tuple[str, str]] = field(default_factory=list)
+
+    def of(self, *states: str) -> list[str]:
+        return [name for name, state in self.outcomes if state in states]
 
 
 _session = _Session()
+
+
+def record_outcome(point: str, state: str) -> None:
+    _session.outcomes.append((point, state))
 
 
 def _point_name() -> str:
@@ -46,13 +52,12 @@ def _point_name() -> str:
 
 
 def _report_invalid(message: str) -> None:
-    _session.invalid.append(_point_name())
+    record_outcome(_point_name(), "INVALID")
     print(f"moe_hydra: {message}", file=sys.stderr, flush=True)
 
 
 def run_point(cfg: DictConfig) -> dict | None:
-    """One point of a run or sweep. Returns the plan, or None when the config is invalid."""
-    _session.points += 1
+    """One point of a run or sweep. Returns the plan or the results, or None when it did not complete."""
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     obj = OmegaConf.to_object(cfg)
     try:
@@ -70,6 +75,9 @@ def run_point(cfg: DictConfig) -> dict | None:
                 message += "\n  and on this machine:\n  " + "\n  ".join(machine)
         _report_invalid(message)
         return None
+    rank = slurm.slurm_rank()
+    if rank is not None:  # one task of a Slurm job: this process is one rank
+        return _run_slurm_task(cfg, obj, p, out_dir, rank)
     plan.write_json(p, out_dir / "plan.json")
     if obj.stage is Stage.run:
         from moe_hydra import launch
@@ -84,7 +92,26 @@ def run_point(cfg: DictConfig) -> dict | None:
     log.info("plan written to %s", out_dir / "plan.json")
     if obj.stage is Stage.run:
         return _run_job(cfg, p, out_dir)
+    record_outcome(_point_name(), "PLANNED")
     return p
+
+
+def _run_slurm_task(cfg: DictConfig, obj, p: dict, out_dir: Path, rank: int) -> dict | None:
+    """Inside a Slurm job: rank 0 owns the output directory; every rank trains. Failures raise, so
+    Hydra and submitit record them for the launcher that waits on this job."""
+    from moe_hydra import launch
+    from moe_hydra.job import worker
+
+    if rank == 0:
+        plan.write_json(p, out_dir / "plan.json")
+    if obj.stage is not Stage.run:
+        return p
+    problems = launch.preflight(obj, inside_allocation=True)
+    if problems:
+        raise RuntimeError("cannot run on this node:\n  " + "\n  ".join(problems))
+    slurm.task_environment()
+    return worker({"config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), "out_dir": str(out_dir),
+                   "plan": p})
 
 
 def _run_job(cfg: DictConfig, p: dict, out_dir: Path) -> dict | None:
@@ -95,9 +122,10 @@ def _run_job(cfg: DictConfig, p: dict, out_dir: Path) -> dict | None:
     try:
         results = launch.launch_local(spec, p["world_size"], out_dir)
     except launch.JobFailed as e:
-        _session.failed.append(_point_name())
+        record_outcome(_point_name(), "FAILED")
         print(f"moe_hydra: {e}", file=sys.stderr, flush=True)
         return None
+    record_outcome(_point_name(), "COMPLETED")
     loss = results["loss"]
     print(f"moe_hydra: {results['steps']} steps, window {results['window']}: step {results['step_time_ms']:.1f} ms, "
           f"{results['tokens_per_s_per_gpu']:.1f} tokens/s/GPU, {results['tflops_per_gpu']:.4f} TFLOP/s/GPU, "
@@ -112,17 +140,23 @@ def _hydra_app(cfg: DictConfig) -> None:
 
 def main() -> None:
     register_configs()
-    sys.argv[1:] = cli.normalize(sys.argv[1:])
-    problems = cli.check_overrides(sys.argv[1:])
+    slurm.register()
+    args = cli.normalize(sys.argv[1:])
+    site = os.environ.get("MOE_HYDRA_SITE")
+    if site:  # a site directory (holding site/default.yaml) joins Hydra's search path
+        args.append(f"hydra.searchpath=[file://{Path(site).resolve()}]")
+    sys.argv[1:] = args
+    problems = cli.check_overrides(args)
     if problems:
         print("moe_hydra: " + "\n  ".join(problems), file=sys.stderr)
         sys.exit(EXIT_INVALID)
     _hydra_app()
-    bad = _session.invalid + _session.failed
-    if bad and _session.points > 1:
-        print(f"moe_hydra: {len(bad)} of {_session.points} points did not complete:\n  " + "\n  ".join(
-            [f"{p} (refused)" for p in _session.invalid] + [f"{p} (failed)" for p in _session.failed]), file=sys.stderr)
-    if _session.failed:
+    failed = [name for name, state in _session.outcomes if state not in ("COMPLETED", "KEPT", "PLANNED", "INVALID")]
+    invalid = _session.of("INVALID")
+    if (failed or invalid) and len(_session.outcomes) > 1:
+        print(f"moe_hydra: {len(failed) + len(invalid)} of {len(_session.outcomes)} points did not complete:\n  "
+              + "\n  ".join([f"{p} (refused)" for p in invalid] + [f"{p} (failed)" for p in failed]), file=sys.stderr)
+    if failed:
         sys.exit(EXIT_FAILED)
-    if _session.invalid:
+    if invalid:
         sys.exit(EXIT_INVALID)

@@ -41,19 +41,22 @@ def _has_hybrid_ep() -> bool:
     return True
 
 
-def preflight(cfg: Any) -> list[str]:
-    """What stops this config from running on this machine (empty when nothing does)."""
+def preflight(cfg: Any, inside_allocation: bool = False) -> list[str]:
+    """What stops this config from running on this machine (empty when nothing does).
+
+    ``inside_allocation``: checked by a task of a cluster job, whose cores the scheduler sized.
+    """
     problems = []
     hw = cfg.hardware
     if cfg.launcher.name == "local" and hw.nodes > 1:
         problems.append(f"launcher=local runs on this one machine; hardware.nodes={hw.nodes} needs a cluster launcher "
                         "(or hardware.nodes=1)")
-    if hw.arch == "cpu":
+    if hw.arch == "cpu" and not inside_allocation:
         cores = os.cpu_count() or 1
         if hw.devices_per_node > cores:
             problems.append(f"hardware.devices_per_node={hw.devices_per_node} processes need as many cores; this machine "
                             f"has {cores} (hardware.devices_per_node<={cores})")
-    else:
+    elif hw.arch != "cpu":
         gpus = _gpu_count()
         if gpus < hw.devices_per_node:
             problems.append(f"hardware={hw.name} runs {hw.devices_per_node} GPUs per node; this machine has {gpus} "

@@ -111,6 +111,8 @@ class HardwareConfig:
     nodes: int = 1
     # GPUs per node (processes per node for local_cpu).
     devices_per_node: int = MISSING
+    # GPUs Slurm allocates per node: devices_per_node on GPU presets, null on CPU.
+    gpus_per_node: Optional[int] = None
     # Devices that share one NVLink domain (8 on HGX, 72 on NVL72). EP x TP should stay inside it.
     nvlink_domain_size: int = 1
     # Device memory per rank in GiB; null = unknown (CPU).
@@ -285,7 +287,29 @@ class ContractConfig:
 
 @dataclass(kw_only=True, slots=True)
 class LauncherConfig:
+    """Where the ranks run. ``local``: processes on this machine. ``slurm``: one Slurm job per point,
+    one task per rank; these fields feed ``hydra.launcher`` (conf/launcher/slurm.yaml)."""
+
     name: str = MISSING
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    constraint: Optional[str] = None
+    # Wall-clock limit of each point's job, minutes.
+    timeout_min: int = 60
+    cpus_per_task: Optional[int] = None
+    # Memory per node, GB; null = the partition's default.
+    mem_gb: Optional[int] = None
+    # Seconds before the limit that Slurm warns the job (USR2).
+    signal_delay_s: int = 120
+    # Shell lines run in the batch script before srun (modules, environment).
+    setup: List[str] = field(default_factory=list)
+    # Extra srun arguments, e.g. [--container-image=nvcr.io/nvidia/pytorch:25.09-py3, --container-mounts=...].
+    srun_args: List[str] = field(default_factory=list)
+    # Any other #SBATCH option, e.g. {exclusive: true}.
+    additional_parameters: Dict[str, Any] = field(default_factory=dict)
+    # How many points of a sweep may run at once.
+    array_parallelism: int = 256
 
 
 @dataclass(kw_only=True, slots=True)

@@ -13,6 +13,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from moe_hydra.cli import CONF_DIR
+from moe_hydra import slurm
 from moe_hydra.schema import register_configs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,6 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def compose_config(*overrides: str):
     """The composed root config as objects (what the rules and the planner read)."""
     register_configs()
+    slurm.register()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=list(overrides))

@@ -144,7 +144,8 @@ def main() -> None:
     args = cli.normalize(sys.argv[1:])
     site = os.environ.get("MOE_HYDRA_SITE")
     if site:  # a site directory (holding site/default.yaml) joins Hydra's search path
-        args.append(f"hydra.searchpath=[file://{Path(site).resolve()}]")
+        at = next((i for i, a in enumerate(args) if "=" in a and not a.startswith("-")), len(args))
+        args.insert(at, f"hydra.searchpath=[file://{Path(site).resolve()}]")  # beside the other overrides
     sys.argv[1:] = args
     problems = cli.check_overrides(args)
     if problems:

@@ -28,7 +28,7 @@ def groups() -> dict[str, list[str]]:
 
 
 def normalize(args: list[str]) -> list[str]:
-    """``+group=option`` -> ``group=option`` for moe_hydra's own groups.
+    """``+group=option`` -> ``group=option`` for moe_hydra's own groups; ``-m`` first.
 
     Every group sits in the root defaults (optional ones as null), where Hydra 1.3 takes
     ``group=option`` but refuses ``+group=option`` ("Multiple values for group"). Both spellings are
@@ -40,7 +40,10 @@ def normalize(args: list[str]) -> list[str]:
         if a.startswith("+") and not a.startswith("++") and "=" in a and a[1:].split("=", 1)[0] in known:
             a = a[1:]
         out.append(a)
-    return out
+    # Hydra's parser takes overrides only in one run: `-m` between overrides ("... -m key=value")
+    # would leave the ones after it unrecognised. The flag goes first.
+    flags = [a for a in out if a in ("-m", "--multirun")]
+    return flags + [a for a in out if a not in flags]
 
 
 def _fields(cls: type) -> dict[str, typing.Any]:

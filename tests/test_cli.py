@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from tests.conftest import ROOT, run_cli
+
 pytestmark = pytest.mark.slow
 
 
@@ -97,3 +99,16 @@ def test_planning_imports_no_torch_or_megatron(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "HEAVY []" in r.stdout
+
+
+def test_site_directory_joins_the_search_path(cli, tmp_path):
+    site = ROOT / "launchers" / "local-slurm" / "site"
+    r = cli("expert_mesh=ep2", "--cfg", "job", env={"MOE_HYDRA_SITE": str(site)})
+    assert r.returncode == 0, r.stderr
+    assert "name: slurm" in r.stdout and "partition: debug" in r.stdout and "devices_per_node: 2" in r.stdout
+
+
+def test_multirun_flag_may_stand_between_overrides(cli, tmp_path):
+    r = run_cli("stage=plan", "dispatcher=alltoall,allgather", "-m", f"hydra.sweep.dir={tmp_path}/m", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert len(list((tmp_path / "m").glob("*/plan.json"))) == 2

@@ -138,3 +138,15 @@ def test_each_point_gets_its_own_resources(tmp_path):
                       "hardware.devices_per_node=2 parallel.expert_model_parallel_size=1": 2,
                       "hardware.devices_per_node=2 parallel.expert_model_parallel_size=2": 2}, r.stdout[-3000:]
     assert r.returncode == 2  # devices_per_node=1 with EP2 is refused before queueing
+
+
+def test_site_file_sends_a_plain_command_to_slurm(tmp_path):
+    site = os.path.join(os.path.dirname(__file__), "..", "launchers", "local-slurm", "site")
+    env = {**os.environ, "MOE_HYDRA_SITE": site, "PYTHONUNBUFFERED": "1"}
+    r = subprocess.run([sys.executable, "-m", "moe_hydra", "expert_mesh=ep2", "dispatcher=alltoall", "logger=none", "-m",
+                        f"hydra.sweep.dir={tmp_path}/sweep"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (p,) = points(tmp_path).values()
+    assert p["state"] == "COMPLETED" and p["slurm_job_id"]
+    assert json.loads((tmp_path / "sweep" / "0" / "results.json").read_text())["world_size"] == 2

@@ -18,7 +18,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from moe_hydra import cli, plan, slurm
+from moe_hydra import cli, env, plan, slurm
 from moe_hydra.rules import LayoutError
 from moe_hydra.schema import Stage, register_configs
 
@@ -45,6 +45,35 @@ def record_outcome(point: str, state: str) -> None:
     _session.outcomes.append((point, state))
 
 
+def _sweep_context() -> tuple[list[str], str | None]:
+    """(override keys swept by the current multirun, a name for the sweep); ([], None) for one run.
+
+    Read from the sweep directory's multirun.yaml, which Hydra writes before any point starts.
+    """
+    hc = HydraConfig.get()
+    if hc.mode.name != "MULTIRUN":
+        return [], None
+    sweep_dir = Path(hc.sweep.dir)
+    swept: list[str] = []
+    multirun = sweep_dir / "multirun.yaml"
+    if multirun.exists():
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        mr = OmegaConf.load(multirun)
+        task = OmegaConf.to_container(mr.hydra.overrides.task)
+        swept += [o.key_or_group for o in OverridesParser.create().parse_overrides(task) if o.is_sweep_override()]
+        swept += [k for k in (OmegaConf.select(mr, "hydra.sweeper.params") or {}) if k not in swept]
+    return swept, f"{sweep_dir.parent.name}_{sweep_dir.name}"
+
+
+def _tracking(p: dict, swept: list[str], sweep_name: str | None, obj) -> dict:
+    """W&B group (the comparison) and job_type (the arm)."""
+    task = HydraConfig.get().overrides.task
+    arm = " ".join(o.lstrip("+") for o in task if o.lstrip("+").split("=", 1)[0] in swept)
+    group = obj.logger.group or (f"{sweep_name}-{p['contract_hash'][:8]}" if sweep_name else p["contract_hash"])
+    return {"group": group, "job_type": arm or "run", "swept": swept}
+
+
 def _point_name() -> str:
     hc = HydraConfig.get()
     overrides = " ".join(hc.overrides.task) or "(defaults)"
@@ -60,8 +89,10 @@ def run_point(cfg: DictConfig) -> dict | None:
     """One point of a run or sweep. Returns the plan or the results, or None when it did not complete."""
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     obj = OmegaConf.to_object(cfg)
+    swept, sweep_name = _sweep_context()
+    snapshot = env.snapshot()
     try:
-        p = plan.make_plan(obj)
+        p = plan.make_plan(obj, swept, snapshot)
     except LayoutError as e:
         plan.write_json({"stage": "plan", "status": "invalid", "violations": [
             {"rule": v.rule, "message": v.message, "fields": dict(v.fields), "fix": v.fix} for v in e.violations
@@ -75,10 +106,12 @@ def run_point(cfg: DictConfig) -> dict | None:
                 message += "\n  and on this machine:\n  " + "\n  ".join(machine)
         _report_invalid(message)
         return None
+    p["tracking"] = _tracking(p, swept, sweep_name, obj)
     rank = slurm.slurm_rank()
     if rank is not None:  # one task of a Slurm job: this process is one rank
-        return _run_slurm_task(cfg, obj, p, out_dir, rank)
+        return _run_slurm_task(cfg, obj, p, out_dir, rank, snapshot)
     plan.write_json(p, out_dir / "plan.json")
+    plan.write_json(snapshot, out_dir / "env.json")
     if obj.stage is Stage.run:
         from moe_hydra import launch
 
@@ -96,7 +129,7 @@ def run_point(cfg: DictConfig) -> dict | None:
     return p
 
 
-def _run_slurm_task(cfg: DictConfig, obj, p: dict, out_dir: Path, rank: int) -> dict | None:
+def _run_slurm_task(cfg: DictConfig, obj, p: dict, out_dir: Path, rank: int, snapshot: dict) -> dict | None:
     """Inside a Slurm job: rank 0 owns the output directory; every rank trains. Failures raise, so
     Hydra and submitit record them for the launcher that waits on this job."""
     from moe_hydra import launch
@@ -104,6 +137,7 @@ def _run_slurm_task(cfg: DictConfig, obj, p: dict, out_dir: Path, rank: int) -> 
 
     if rank == 0:
         plan.write_json(p, out_dir / "plan.json")
+        plan.write_json(snapshot, out_dir / "env.json")
     if obj.stage is not Stage.run:
         return p
     problems = launch.preflight(obj, inside_allocation=True)

@@ -1,18 +1,36 @@
-"""The measurement contract: what a run was measured under, and the label that follows from it.
+"""The measurement contract: everything that must stay fixed between two arms of an A/B (workflow.md §2).
 
-A run is ``training-equivalent`` only when it keeps the production routing, data, optimizer and
-loss semantics; any departure makes it ``benchmark-only``, with the reasons listed. The label is
-computed from the composed config, never typed by a user (workflow.md §3).
+A contract is a plain nested dict — software versions, hardware and topology, model, data, batch
+shape, optimizer, both meshes, routing, precision, recompute, offload, dispatcher, kernels (graph
+scope), overlap, warmup and window, and the launcher environment (performance env vars). Two hashes:
+
+    contract_full_hash   of the whole contract
+    contract_hash        with the variable(s) swept by the current multirun left out, so all arms of one
+                         A/B share it (and runs that differ in anything else do not)
+
+The label is computed, never typed: ``training-equivalent`` only when the run keeps the production
+routing, data and loss semantics; anything else makes it ``benchmark-only``, with the reasons.
 
 Pure: standard library only.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 from typing import Any
 
 TRAINING_EQUIVALENT = "training-equivalent"
 BENCHMARK_ONLY = "benchmark-only"
+
+# Config sections that are part of the contract as they are.
+SECTIONS = ("model", "hardware", "precision", "recompute", "offload", "dispatcher", "routing", "kernels",
+            "overlap", "optimizer", "data")
+# Config groups and the contract section each writes.
+GROUP_SECTIONS = {"attention_mesh": "parallel", "expert_mesh": "parallel", "mesh": "parallel"}
+SOFTWARE = ("python", "torch", "megatron-core", "transformer-engine", "transformer_engine", "deep_ep", "deep-ep",
+            "nvidia-nccl-cu12", "nvidia-nccl-cu13")
 
 
 def label(cfg: Any) -> tuple[str, list[str]]:
@@ -28,3 +46,44 @@ def label(cfg: Any) -> tuple[str, list[str]]:
     if cfg.data.kind == "mock":
         reasons.append("mock data (data.kind=mock: synthetic tokens)")
     return (BENCHMARK_ONLY if reasons else TRAINING_EQUIVALENT), reasons
+
+
+def build(cfg: Any, parallel: dict[str, Any], batch: dict[str, Any], env: dict[str, Any]) -> dict[str, Any]:
+    """The contract of a composed config; ``parallel`` and ``batch`` as resolved by the plan."""
+    contract = {name: dataclasses.asdict(getattr(cfg, name)) for name in SECTIONS}
+    contract["parallel"] = {**dataclasses.asdict(cfg.parallel), **parallel}
+    contract["train"] = {"seq_length": cfg.train.seq_length, "train_iters": cfg.train.train_iters,
+                         "layout_invariant_init": cfg.train.layout_invariant_init, **batch}
+    contract["timing"] = {"warmup_steps": cfg.contract.warmup_steps, "window": list(cfg.contract.window)}
+    contract["seed"] = cfg.seed
+    contract["software"] = {k: v for k, v in env["versions"].items() if k in SOFTWARE}
+    contract["launcher"] = {"name": cfg.launcher.name, "partition": cfg.launcher.partition,
+                            "constraint": cfg.launcher.constraint, "env": env["env"]}
+    return contract
+
+
+def _drop(tree: dict[str, Any], path: list[str]) -> None:
+    node = tree
+    for part in path[:-1]:
+        node = node.get(part)
+        if not isinstance(node, dict):
+            return
+    node.pop(path[-1], None)
+
+
+def excluding(contract: dict[str, Any], swept: list[str]) -> dict[str, Any]:
+    """The contract without the swept variables (override keys such as ``dispatcher`` or
+    ``parallel.expert_model_parallel_size``; a mesh group stands for the whole layout)."""
+    out = json.loads(json.dumps(contract))
+    for key in swept:
+        _drop(out, GROUP_SECTIONS.get(key, key).split("."))
+    return out
+
+
+def digest(tree: dict[str, Any]) -> str:
+    text = json.dumps(tree, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def hashes(contract: dict[str, Any], swept: list[str]) -> dict[str, str]:
+    return {"contract_hash": digest(excluding(contract, swept)), "contract_full_hash": digest(contract)}

@@ -50,13 +50,21 @@ def worker(spec: dict[str, Any]) -> dict[str, Any] | None:
     out_dir = Path(spec["out_dir"])
     rank = int(os.environ.get("RANK", "0"))
     _warnings_to_file(out_dir / "ranks" / f"warnings.rank{rank}.log")
+    results = None
     try:
-        return _Job(cfg, spec["plan"]).run(out_dir)
+        results = _Job(cfg, spec["plan"]).run(out_dir)
+        return results
     except BaseException as e:
         if rank == 0:
-            write_json({**spec["plan"], "stage": "run", "status": "failed", "error": f"{type(e).__name__}: {e}",
-                        "traceback": traceback.format_exc()[-4000:]}, out_dir / "results.json")
+            results = {**spec["plan"], "stage": "run", "status": "failed", "error": f"{type(e).__name__}: {e}",
+                       "traceback": traceback.format_exc()[-4000:]}
+            write_json(results, out_dir / "results.json")
         raise
+    finally:
+        if rank == 0 and results is not None:
+            from moe_hydra import tracking
+
+            tracking.log_run(spec["config"], results, out_dir, spec["plan"]["tracking"], cfg.logger)
 
 
 def _warnings_to_file(path: Path) -> None:
@@ -254,6 +262,10 @@ class _Job:
         from moe_hydra.data import MockData
 
         self._init_distributed()
+        if self.rank == 0:
+            from moe_hydra import env
+
+            write_json({**env.snapshot(), "runtime": env.runtime()}, out_dir / "env.json")
         tcfg = self._transformer_config()
         chunks = self._build_model(tcfg)
         model, optimizer = self._wrap_and_optimizer(tcfg, chunks)

@@ -14,6 +14,7 @@ it without this module. Planning never imports torch or megatron.
     flops_per_token, flops_counter, flops_breakdown   model FLOPs at train.seq_length
     batch                        micro / global batch, micro-batches per step, tokens per step
     label, label_reasons         training-equivalent or benchmark-only, and why
+    contract, contract_hash, contract_full_hash, swept   what must stay fixed between arms (contract.py)
     megatron_core                version the version-dependent rules were checked against
     notes                        advice that is not a violation (e.g. EP leaving the NVLink domain)
 """
@@ -29,6 +30,7 @@ from typing import Any
 
 from moe_hydra import contract, flops, params, rules
 from moe_hydra.arch import Arch
+from moe_hydra.env import snapshot as env_snapshot
 from moe_hydra.layout import Layout
 from moe_hydra.versions import mcore_facts
 
@@ -48,8 +50,11 @@ def _notes(cfg: Any, lo: Layout) -> list[str]:
     return notes
 
 
-def make_plan(cfg: Any) -> dict[str, Any]:
+def make_plan(cfg: Any, swept: list[str] | None = None, env: dict[str, Any] | None = None) -> dict[str, Any]:
     """The plan of a composed config (objects, e.g. ``OmegaConf.to_object(cfg)``).
+
+    ``swept``: the override keys the current multirun sweeps (left out of ``contract_hash``);
+    ``env``: the environment snapshot (:func:`moe_hydra.env.snapshot`, taken when not given).
 
     Raises:
         rules.LayoutError: listing every rule the config breaks.
@@ -64,6 +69,14 @@ def make_plan(cfg: Any) -> dict[str, Any]:
     mbs = cfg.train.micro_batch_size
     gbs = cfg.train.global_batch_size or mbs * lo.dp
     label, reasons = contract.label(cfg)
+    batch = {
+        "micro_batch_size": mbs,
+        "global_batch_size": gbs,
+        "micro_batches_per_step": gbs // (mbs * lo.dp),
+        "tokens_per_step": gbs * seq,
+    }
+    env = env or env_snapshot()
+    the_contract = contract.build(cfg, lo.to_megatron(), batch, env)
     return {
         "stage": "plan",
         "model": cfg.model.name,
@@ -84,14 +97,12 @@ def make_plan(cfg: Any) -> dict[str, Any]:
         "flops_per_token": fl.total,
         "flops_counter": flops.COUNTER,
         "flops_breakdown": asdict(fl),
-        "batch": {
-            "micro_batch_size": mbs,
-            "global_batch_size": gbs,
-            "micro_batches_per_step": gbs // (mbs * lo.dp),
-            "tokens_per_step": gbs * seq,
-        },
+        "batch": batch,
         "label": label,
         "label_reasons": reasons,
+        **contract.hashes(the_contract, list(swept or [])),
+        "swept": list(swept or []),
+        "contract": the_contract,
         "megatron_core": {"version": mcore.version, "installed": mcore.installed},
         "notes": _notes(cfg, lo),
     }
@@ -143,6 +154,8 @@ def render(plan: dict[str, Any]):
     t.add_row("model FLOPs/token", f"{_si(plan['flops_per_token'], 'G')} FLOP ({plan['flops_counter']})")
     label = plan["label"] + (f": {'; '.join(plan['label_reasons'])}" if plan["label_reasons"] else "")
     t.add_row("label", label)
+    t.add_row("contract", f"{plan['contract_hash']} (full {plan['contract_full_hash']})"
+              + (f", excluding swept {', '.join(plan['swept'])}" if plan["swept"] else ""))
     mc = plan["megatron_core"]
     t.add_row("megatron-core", f"{mc['version']}" + ("" if mc["installed"] else " (not installed: rules of the newest supported)"))
     for note in plan["notes"]:

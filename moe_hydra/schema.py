@@ -316,8 +316,10 @@ class LauncherConfig:
 class LoggerConfig:
     name: str = MISSING
     project: str = "moe_hydra"
-    # online | offline | disabled; null = offline without WANDB_API_KEY, online with one.
+    # online | offline | disabled; null = WANDB_MODE, else offline without WANDB_API_KEY, online with one.
     mode: Optional[str] = None
+    # The W&B group (the comparison); null = <sweep dir>-<contract_hash>.
+    group: Optional[str] = None
 
 
 @dataclass(kw_only=True, slots=True)

@@ -1,0 +1,99 @@
+"""The contract, the environment snapshot and W&B (offline, read back from the files wandb wrote)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from moe_hydra import contract, env
+
+
+def plan_of(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_contract_hash_excludes_the_swept_variable_only():
+    c = {"dispatcher": {"name": "alltoall"}, "parallel": {"expert_model_parallel_size": 2}, "train": {"seq_length": 128}}
+    other = json.loads(json.dumps(c))
+    other["dispatcher"]["name"] = "allgather"
+    assert contract.hashes(c, ["dispatcher"])["contract_hash"] == contract.hashes(other, ["dispatcher"])["contract_hash"]
+    assert contract.hashes(c, ["dispatcher"])["contract_full_hash"] != contract.hashes(other, ["dispatcher"])["contract_full_hash"]
+    longer = json.loads(json.dumps(other))
+    longer["train"]["seq_length"] = 256
+    assert contract.hashes(longer, ["dispatcher"])["contract_hash"] != contract.hashes(c, ["dispatcher"])["contract_hash"]
+    # a mesh group stands for the whole layout
+    assert "parallel" not in contract.excluding(c, ["expert_mesh"])
+    assert contract.excluding(c, ["parallel.expert_model_parallel_size"])["parallel"] == {}
+
+
+def test_secrets_never_enter_the_snapshot():
+    fake = {"NCCL_IB_HCA": "mlx5", "NCCL_AUTH_TOKEN": "sek-1", "WANDB_API_KEY": "k", "MY_TOKEN": "abc",
+            "HOME": "/root", "OMP_NUM_THREADS": "2", "NVTE_PASSWORD": "p"}
+    got = env.perf_env(fake)
+    assert got == {"NCCL_AUTH_TOKEN": env.REDACTED, "NCCL_IB_HCA": "mlx5", "NVTE_PASSWORD": env.REDACTED,
+                   "OMP_NUM_THREADS": "2"}
+
+
+@pytest.mark.slow
+def test_sweep_arms_share_contract_hash_and_labels_are_computed(cli, tmp_path):
+    r = cli("stage=plan", "dispatcher=alltoall,allgather", "-m")
+    assert r.returncode == 0, r.stderr
+    a, b = (plan_of(tmp_path / "multi" / str(i) / "plan.json") for i in (0, 1))
+    assert a["swept"] == ["dispatcher"] == b["swept"]
+    assert a["contract_hash"] == b["contract_hash"] and a["contract_full_hash"] != b["contract_full_hash"]
+    assert (tmp_path / "multi" / "0" / "env.json").exists()
+
+    r = cli("stage=plan", "train.seq_length=64")
+    assert r.returncode == 0, r.stderr
+    seq64 = plan_of(tmp_path / "run" / "plan.json")
+    r = cli("stage=plan", "routing=force_balance")
+    fb = plan_of(tmp_path / "run" / "plan.json")
+    assert seq64["contract_hash"] != fb["contract_hash"] != a["contract_hash"] != seq64["contract_hash"]
+    assert fb["label"] == "benchmark-only"
+    assert any("force-balanced routing" in reason for reason in fb["label_reasons"])
+
+
+def _inspect(run_dir: Path, *flags: str) -> dict | list:
+    out = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", *flags, "--json", str(run_dir)],
+                         capture_output=True, text=True, timeout=120)
+    if out.returncode:
+        out = subprocess.run(["wandb", "leet", "inspect", *flags, "--json", str(run_dir)], capture_output=True,
+                             text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    try:
+        return json.loads(out.stdout)
+    except ValueError:  # one JSON record per line
+        return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_offline_wandb_runs_carry_group_job_type_config_summary_and_no_secret(cli, tmp_path):
+    secrets = {"WANDB_API_KEY": "not-a-real-key-123", "MY_TOKEN": "abc-secret-987", "NCCL_SOCKET_TOKEN": "tok-4242",
+               "WANDB_MODE": "offline"}
+    r = cli("dispatcher=alltoall,allgather", "-m", env=secrets, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "wandb sync" in r.stdout
+    hashes = set()
+    for i, arm in ((0, "dispatcher=alltoall"), (1, "dispatcher=allgather")):
+        job = tmp_path / "multi" / str(i)
+        results = json.loads((job / "results.json").read_text())
+        (run_dir,) = list((job / "wandb").glob("offline-run-*"))
+        summary = _inspect(run_dir, "--summary")
+        text = json.dumps(summary)
+        assert results["contract_hash"] in text and arm.split("=")[1] in text
+        assert "tiny_moe" in text and "steady/step_ms" in text  # config and the window summary
+        records = json.dumps(_inspect(run_dir))
+        assert arm in records  # job_type: the arm
+        assert f"-{results['contract_hash'][:8]}" in records  # group: the sweep and its contract
+        hashes.add(results["contract_hash"])
+        env_json = json.loads((job / "env.json").read_text())
+        assert env_json["env"]["NCCL_SOCKET_TOKEN"] == env.REDACTED and "runtime" in env_json
+    assert len(hashes) == 1
+    leaked = subprocess.run(["grep", "-rlaE", "not-a-real-key-123|abc-secret-987|tok-4242", str(tmp_path / "multi")],
+                            capture_output=True, text=True)
+    assert leaked.stdout == "", f"secrets leaked into {leaked.stdout}"

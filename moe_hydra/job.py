@@ -332,6 +332,7 @@ class _Job:
                 step=step, time_ms=float(stats[0]), loss=float(loss[0]),
                 host_ms=float(stats[1]) if self.on_gpu else None, device_ms=float(stats[2]) if self.on_gpu else None,
                 grad_norm=float(grad_norm) if grad_norm is not None else None, skipped=not ok,
+                memory_gib=self._memory_gib(),
             )
             records.append(rec)
             if gpu is not None:
@@ -339,7 +340,7 @@ class _Job:
             if self.rank == 0:
                 progress.update(step)
                 if step % t.log_interval == 0 or step == t.train_iters:
-                    progress.log(metrics.log_line(rec, tokens_per_step, self.world, fpt, peak, self._memory_gib()))
+                    progress.log(metrics.log_line(rec, tokens_per_step, self.world, fpt, peak, rec.memory_gib))
             if step == last:
                 loop_ms = (time.perf_counter() - window_start) * 1e3 / (last - first + 1)
         if progress is not None:

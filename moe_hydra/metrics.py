@@ -25,6 +25,7 @@ class StepRecord:
     device_ms: float | None = None  # device time between CUDA events (GPU only)
     grad_norm: float | None = None
     skipped: bool = False  # the optimizer skipped the update (non-finite gradients)
+    memory_gib: float | None = None  # rank 0's peak so far (GPU: max allocated; CPU: peak RSS)
 
 
 def peak_tflops(hardware: Any, precision: Any) -> tuple[float | None, str | None]:
@@ -92,6 +93,7 @@ def summarize(
             "nan_or_skipped": sum(1 for r in records if r.skipped or not math.isfinite(r.loss)),
         },
         "grad_norms": [r.grad_norm for r in records],
+        "memory_gib_per_step": [r.memory_gib for r in records],
     }
 
 

@@ -488,7 +488,7 @@ def l37_l45_dispatcher(c: Ctx):
                     overlap__moe_shared_expert_overlap=True, model__moe_shared_expert_intermediate_size=None)
         elif d.moe_token_dispatcher_type not in allowed:
             yield V("L45", f"moe_shared_expert_overlap works only with the {' or '.join(sorted(allowed))} dispatcher "
-                    f"on megatron-core {c.mcore.version}", f"dispatcher=alltoall (or overlap.moe_shared_expert_overlap=false)",
+                    f"on megatron-core {c.mcore.version}", "dispatcher=alltoall (or overlap.moe_shared_expert_overlap=false)",
                     overlap__moe_shared_expert_overlap=True, dispatcher__name=d.name)
 
 

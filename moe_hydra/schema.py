@@ -328,6 +328,8 @@ class Config:
 
     stage: Stage = Stage.run
     seed: int = 1234
+    # Repeat index: sweep it (repeat=0,1,2) to run an arm several times; not part of the contract.
+    repeat: int = 0
     tags: List[str] = field(default_factory=list)
     model: ModelConfig = field(default_factory=ModelConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)

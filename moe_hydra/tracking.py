@@ -40,10 +40,13 @@ def _history(results: dict[str, Any]) -> list[dict[str, Any]]:
     first, last = results["window"]
     tokens, world, fpt = results["tokens_per_step"], results["world_size"], results["flops_per_token"]
     rows = []
-    for i, (t, loss) in enumerate(zip(results["step_times_ms"], results["loss"]["per_step"]), start=1):
+    memory = results.get("memory_gib_per_step") or [None] * len(results["step_times_ms"])
+    for i, (t, loss, mem) in enumerate(zip(results["step_times_ms"], results["loss"]["per_step"], memory), start=1):
         tps = tokens / (t / 1e3 * world)
         row = {"train/step": i, "train/loss": loss, "time/step_ms": t, "throughput/tokens_per_s_per_gpu": tps,
                "throughput/tflops_per_gpu": fpt * tps / 1e12}
+        if mem is not None:
+            row["memory/peak_gib"] = mem
         if first <= i <= last:
             row.update({"steady/step_ms": t, "steady/tokens_per_s_per_gpu": tps,
                         "steady/tflops_per_gpu": fpt * tps / 1e12})
@@ -79,7 +82,7 @@ def log_run(cfg_container: dict[str, Any], results: dict[str, Any], out_dir: Pat
                 run.log(row)
         run.summary.update({k: results.get(k) for k in (
             "status", "step_time_ms", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "contract_hash",
-            "contract_full_hash", "label", "error") if results.get(k) is not None})
+            "contract_full_hash", "label", "error", "peak_memory_gib") if results.get(k) is not None})
         artifact = wandb.Artifact(f"evidence-{run.id}", type="run-evidence")
         for path in [*sorted((out_dir / ".hydra").glob("*.yaml")), out_dir / "results.json", out_dir / "env.json"]:
             if path.exists():

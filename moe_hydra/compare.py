@@ -104,8 +104,11 @@ def contract_diff(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, 
 
 def _arm_name(run: Run, variables: list[str]) -> str:
     parts = []
+    arm = dict(t.split("=", 1) for t in (run.results.get("tracking") or {}).get("job_type", "").split() if "=" in t)
     for v in variables:
         value = _select(run.results["contract"], v)
+        if value is None:  # a swept key outside the contract (e.g. repeat): the run's own override
+            value = arm.get(v)
         if isinstance(value, dict):
             value = value.get("name", json.dumps(value, sort_keys=True))
         parts.append(f"{v}={value}")
@@ -122,8 +125,11 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
 
 
-def compare(runs: list[Run], variables: list[str] | None = None, baseline: str | None = None) -> list[Comparison]:
+def compare(runs: list[Run], variables: list[str] | None = None, baseline: str | None = None,
+            noise_floor: float | None = None) -> list[Comparison]:
     """A/B comparisons of ``runs`` over ``variables`` (default: what the runs' multiruns swept).
+
+    ``noise_floor``: run-to-run noise for one-run arms (default: the hardware's ``run_to_run_noise``).
 
     Raises:
         Refused: no two runs share a contract apart from the variables, or there is nothing to compare.
@@ -148,6 +154,8 @@ def compare(runs: list[Run], variables: list[str] | None = None, baseline: str |
         base = baseline if baseline in arms else names[0]
         comp = Comparison(variables, key, arms, base)
         by_runs = all(len(rs) >= 2 for rs in arms.values())
+        floor = 0.0 if by_runs else (noise_floor if noise_floor is not None else max(
+            float((r.results["contract"].get("hardware") or {}).get("run_to_run_noise") or 0.0) for r in members))
         for name in names:
             if name == base:
                 continue
@@ -156,10 +164,10 @@ def compare(runs: list[Run], variables: list[str] | None = None, baseline: str |
             else:
                 a = [t for r in arms[base] for t in r.window_steps]
                 b = [t for r in arms[name] for t in r.window_steps]
-            comp.effects[name] = stats.welch(a, b, "runs" if by_runs else "steps")
+            comp.effects[name] = stats.welch(a, b, "runs" if by_runs else "steps", floor=floor)
         if not by_runs:
-            comp.notes.append("one run per arm: the interval covers step-to-step noise within a run, not run-to-run "
-                              "variation; repeat the arms (e.g. repeat=0,1,2) for a run-level verdict")
+            comp.notes.append(f"one run per arm: a difference counts only beyond the run-to-run noise of {floor:.0%} "
+                              "(hardware.run_to_run_noise); repeat the arms (e.g. repeat=0,1,2) for a run-level verdict")
         out.append(comp)
     if not out:
         a, b = runs[0], next((r for r in runs[1:] if _arm_name(r, variables) != _arm_name(runs[0], variables)), runs[1])
@@ -330,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("dirs", nargs="+", type=Path, help="sweep or run directories")
     ap.add_argument("--variable", action="append", help="the variable under test (override key); repeatable")
     ap.add_argument("--baseline", help="the baseline arm, e.g. 'dispatcher=alltoall'")
+    ap.add_argument("--noise-floor", type=float, help="run-to-run noise for one-run arms, relative "
+                    "(default: hardware.run_to_run_noise of the runs)")
     ap.add_argument("--accept", action="store_true", help="the acceptance gate of the validate phase")
     ap.add_argument("--diff", action="store_true", help="regression diagnosis of two run directories")
     args = ap.parse_args(argv)
@@ -373,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
             for block in report:
                 out.print(block, highlight=False, markup=False)
             return 0
-        comps = compare(runs, variables, args.baseline)
+        comps = compare(runs, variables, args.baseline, args.noise_floor)
     except Refused as e:
         print(f"moe_hydra.compare: refused: {e}", file=sys.stderr)
         return EXIT_REFUSED

@@ -126,6 +126,10 @@ class HardwareConfig:
     nvlink_bandwidth_gb_s: Optional[float] = None
     # Scale-out (NIC) bandwidth per device, GB/s.
     scaleout_bandwidth_gb_s: Optional[float] = None
+    # Run-to-run noise of the mean step time, relative: what two runs of one config may differ by. compare
+    # calls a one-run-per-arm difference only beyond it (repeated arms measure it instead). Calibrate with
+    # benchmarks/decision_quality.py.
+    run_to_run_noise: float = 0.02
 
 
 @dataclass(kw_only=True, slots=True)

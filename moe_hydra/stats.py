@@ -7,8 +7,12 @@ mean per run when an arm was repeated — the run is then the unit):
     95 % CI    = d +- t(0.975, df) * se                df = Welch-Satterthwaite
     relative   = d / mean(a), CI / mean(a)             (step time; > 0 means B is slower)
     tokens/s   = mean(a) / mean(b) - 1, CI mapped the same way (same tokens per step)
-    verdict    = "slower" / "faster" when the CI excludes 0, else "no significant difference"
-    MDE        = (t(0.975, df) + t(0.80, df)) * se / mean(a)   smallest effect found 80 % of the time
+    verdict    = "slower" / "faster" when the relative CI lies beyond +-floor, else "no significant difference"
+    MDE        = floor + (t(0.975, df) + t(0.80, df)) * se / mean(a)   smallest effect found 80 % of the time
+
+``floor`` is the run-to-run noise (hardware.run_to_run_noise) when each arm is a single run: step times
+of one run say nothing about how much a second run of the same config would differ, and on a shared
+machine whole runs shift. With repeated arms the run is the unit, its variance is measured, floor is 0.
 
 Welch's test is chosen over a bootstrap because arms have few samples (a 10-step window, a handful of
 repeats), where percentile bootstraps are too narrow. Step times within one run are not independent
@@ -44,13 +48,15 @@ class Effect:
     p_value: float
     df: float
     mde: float
+    floor: float
     verdict: str
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def welch(a: list[float], b: list[float], unit: str, confidence: float = 0.95, power: float = 0.80) -> Effect:
+def welch(a: list[float], b: list[float], unit: str, floor: float = 0.0, confidence: float = 0.95,
+          power: float = 0.80) -> Effect:
     """Compare candidate ``b`` with baseline ``a``.
 
     Raises:
@@ -73,11 +79,11 @@ def welch(a: list[float], b: list[float], unit: str, confidence: float = 0.95, p
         p = 2 * st.t.sf(abs(d) / se, df)
         mde_t = (tq + st.t.ppf(power, df)) * se
     lo, hi = d - half, d + half
-    verdict = SLOWER if lo > 0 else FASTER if hi < 0 else SAME
+    verdict = SLOWER if lo / ma > floor else FASTER if hi / ma < -floor else SAME
 
     def tokens(delta: float) -> float:
         return ma / (ma + delta) - 1 if ma + delta > 0 else float("inf")
 
     return Effect(unit=unit, n_a=len(a), n_b=len(b), mean_a_ms=ma, mean_b_ms=mb, rel_step_time=d / ma,
                   ci_low=lo / ma, ci_high=hi / ma, rel_tokens_per_s=tokens(d), tokens_ci_low=tokens(hi),
-                  tokens_ci_high=tokens(lo), p_value=p, df=df, mde=mde_t / ma, verdict=verdict)
+                  tokens_ci_high=tokens(lo), p_value=p, df=df, mde=floor + mde_t / ma, floor=floor, verdict=verdict)

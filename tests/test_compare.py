@@ -135,3 +135,33 @@ def test_real_runs_a_known_effect_is_detected(cli, tmp_path):
     (comp,) = compare.compare(compare.load([tmp_path / "multi"], print))
     (effect,) = comp.effects.values()
     assert comp.variables == ["model.num_layers"] and effect.verdict == SLOWER, effect
+
+
+def test_one_run_arms_count_only_beyond_the_run_to_run_noise(tmp_path):
+    rng = random.Random(8)
+
+    def runs(delta):
+        root = tmp_path / f"d{delta}-{rng.random()}"
+        for name, disp, mean in (("0", "alltoall", 100), ("1", "allgather", 100 + delta)):
+            d = fake_run(root, name, noisy(mean, 23, rng, sd=1.0), dispatcher=disp)
+            res = json.loads((d / "results.json").read_text())
+            res["contract"]["hardware"] = {"run_to_run_noise": 0.2}
+            (d / "results.json").write_text(json.dumps(res))
+        return compare.load([root], print)
+
+    (small,) = compare.compare(runs(10))  # +10 %: clear within a run, inside the 20 % run-to-run noise
+    (e,) = small.effects.values()
+    assert e.verdict == SAME and e.floor == 0.2 and e.ci_low > 0 and "20%" in small.notes[0]
+    (large,) = compare.compare(runs(50))
+    assert next(iter(large.effects.values())).verdict == SLOWER
+    (forced,) = compare.compare(runs(10), noise_floor=0.0)
+    assert next(iter(forced.effects.values())).verdict == SLOWER
+
+
+@pytest.mark.slow
+def test_real_runs_a_a_repeats_are_not_called_different(cli, tmp_path):
+    r = cli("logger=none", "repeat=0,1,2", "contract.window=[4,13]", "-m", timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (comp,) = compare.compare(compare.load([tmp_path / "multi"], print), ["repeat"])
+    assert len(comp.effects) == 2
+    assert all(e.verdict == SAME for e in comp.effects.values()), comp.effects

@@ -1,0 +1,100 @@
+"""The vocabulary of the legality rules: a violation, the error that carries them, the context a rule
+reads, and the registry every rule joins with ``@rule``. Pure: standard library only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from moe_hydra.arch import Arch
+from moe_hydra.layout import Layout
+from moe_hydra.versions import McoreFacts
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    rule: str
+    message: str  # what broke, with the values and the arithmetic
+    fields: tuple[tuple[str, Any], ...]  # (dotted path, value) of every field involved
+    fix: str  # an override (or a choice of overrides) that makes the rule hold
+
+    def render(self) -> str:
+        where = "  ".join(f"{k}={_fmt(v)}" for k, v in self.fields)
+        return f"[{self.rule}] {self.message}\n        {where}\n        fix: {self.fix}"
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(_fmt(x) for x in v) + "]"
+    return str(getattr(v, "value", v))
+
+
+class LayoutError(ValueError):
+    """The composed config breaks one or more rules. ``violations`` holds all of them."""
+
+    def __init__(self, violations: list[Violation], subject: str = "this config"):
+        self.violations = violations
+        self.subject = subject
+        super().__init__(self.report())
+
+    def report(self) -> str:
+        n = len(self.violations)
+        head = f"{n} layout violation{'s' if n > 1 else ''} for {self.subject}; nothing was launched."
+        return "\n".join([head] + ["  " + v.render() for v in self.violations])
+
+
+@dataclass(slots=True)
+class Ctx:
+    """What every rule reads: the config, its layout, its architecture, the megatron-core facts."""
+
+    cfg: Any
+    layout: Layout
+    arch: Arch | None  # None when moe_layer_freq itself is malformed (S02 reports it)
+    mcore: McoreFacts
+
+    @property
+    def p(self):
+        return self.cfg.parallel
+
+    @property
+    def m(self):
+        return self.cfg.model
+
+    @property
+    def seq(self) -> int:
+        return self.cfg.train.seq_length
+
+    @property
+    def fp8(self) -> bool:
+        return self.cfg.precision.fp8 is not None
+
+    @property
+    def flex(self) -> bool:
+        return self.cfg.dispatcher.moe_token_dispatcher_type == "flex"
+
+
+Rule = Callable[[Ctx], Iterator[Violation]]
+RULES: list[Rule] = []
+
+
+def rule(fn: Rule) -> Rule:
+    RULES.append(fn)
+    return fn
+
+
+def V(rule_id: str, message: str, fix: str, **fields: Any) -> Violation:
+    """A violation; ``fields`` are dotted paths written with ``__`` for ``.``."""
+    return Violation(rule_id, message, tuple((k.replace("__", "."), v) for k, v in fields.items()), fix)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _list(values: list[int]) -> str:
+    return ", ".join(map(str, values)) if values else "none"

@@ -2,7 +2,8 @@
 
 Runtime code uses the short degree names (``tp``, ``cp``, ``pp``, ``vpp``, ``ep``, ``etp``); the
 config keeps Megatron-Core's names. :meth:`Layout.from_config` is the single mapping between the two
-and the one place the ``expert_tensor_parallel_size: null`` sentinel (= TP) is resolved.
+and the one place the ``expert_tensor_parallel_size: null`` sentinel (= TP) and a VPP implied by a
+pipeline layout string are resolved.
 
     attention mesh:  world = TP x CP x DP  x PP
     expert mesh:     world = ETP x EP x EDP x PP
@@ -16,6 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Any
+
+from moe_hydra.pipeline import expand_layout
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,13 +36,19 @@ class Layout:
     def from_config(cls, cfg: Any) -> "Layout":
         """From a composed config (``hardware`` + ``parallel`` nodes)."""
         p = cfg.parallel
-        tp = p.tensor_model_parallel_size
+        tp, pp, vpp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.virtual_pipeline_model_parallel_size
+        if vpp is None and p.pipeline_model_parallel_layout is not None and pp > 0:
+            try:  # a layout string defines VPP = stages / PP, as Megatron derives it
+                stages = len(expand_layout(p.pipeline_model_parallel_layout))
+                vpp = stages // pp if stages > pp and stages % pp == 0 else None
+            except ValueError:
+                vpp = None  # the rules report the malformed layout
         return cls(
             world_size=cfg.hardware.nodes * cfg.hardware.devices_per_node,
             tp=tp,
             cp=p.context_parallel_size,
-            pp=p.pipeline_model_parallel_size,
-            vpp=p.virtual_pipeline_model_parallel_size,
+            pp=pp,
+            vpp=vpp,
             ep=p.expert_model_parallel_size,
             etp=tp if p.expert_tensor_parallel_size is None else p.expert_tensor_parallel_size,
             sp=p.sequence_parallel,

@@ -98,3 +98,9 @@ def test_experiment_is_a_frozen_dispatcher_ab():
     cfg = compose_config("experiment=dispatcher_ab")
     assert cfg.hardware.devices_per_node == 2 and cfg.parallel.expert_model_parallel_size == 2
     assert rules.check(cfg) == []
+
+
+def test_a_layout_string_implies_vpp():
+    cfg = compose_config("model=deepseek_v3", "hardware=h100_sxm", "hardware.nodes=128", "mesh=dsv3_h100_1024",
+                         "parallel.virtual_pipeline_model_parallel_size=null")
+    assert Layout.from_config(cfg).vpp == 4 and rules.check(cfg) == []

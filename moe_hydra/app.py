@@ -94,9 +94,7 @@ def run_point(cfg: DictConfig) -> dict | None:
     try:
         p = plan.make_plan(obj, swept, snapshot)
     except LayoutError as e:
-        plan.write_json({"stage": "plan", "status": "invalid", "violations": [
-            {"rule": v.rule, "message": v.message, "fields": dict(v.fields), "fix": v.fix} for v in e.violations
-        ]}, out_dir / "violations.json")
+        plan.write_json(e.record(), out_dir / "violations.json")
         message = e.report()
         if obj.stage is Stage.run:
             from moe_hydra import launch

@@ -134,10 +134,9 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
                                                           OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])))
             violations = rules.check(job_cfg)
             if violations:
-                p.state, p.error = "INVALID", rules.LayoutError(violations, " ".join(p.overrides)).report()
-                write_json({"stage": "plan", "status": "invalid", "violations": [
-                    {"rule": v.rule, "message": v.message, "fields": dict(v.fields), "fix": v.fix} for v in violations
-                ]}, point_dir / "violations.json")
+                refusal = rules.LayoutError(violations, " ".join(p.overrides))
+                p.state, p.error = "INVALID", refusal.report()
+                write_json(refusal.record(), point_dir / "violations.json")
                 log.info("\t#%d : %s -> refused:\n%s", num, " ".join(p.overrides), p.error)
                 continue
             log.info("\t#%d : %s", num, " ".join(p.overrides))

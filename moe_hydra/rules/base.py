@@ -42,6 +42,11 @@ class LayoutError(ValueError):
         self.subject = subject
         super().__init__(self.report())
 
+    def record(self) -> dict[str, Any]:
+        """What ``violations.json`` holds."""
+        return {"stage": "plan", "status": "invalid", "violations": [
+            {"rule": v.rule, "message": v.message, "fields": dict(v.fields), "fix": v.fix} for v in self.violations]}
+
     def report(self) -> str:
         n = len(self.violations)
         head = f"{n} layout violation{'s' if n > 1 else ''} for {self.subject}; nothing was launched."

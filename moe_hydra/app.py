@@ -122,7 +122,7 @@ def run_point(cfg: DictConfig) -> dict | None:
     Console().print(plan.render(p))
     log.info("plan written to %s", out_dir / "plan.json")
     if obj.stage is Stage.run:
-        return _run_job(cfg, p, out_dir)
+        return _run_job(cfg, p, out_dir, snapshot)
     record_outcome(_point_name(), "PLANNED")
     return p
 
@@ -143,14 +143,15 @@ def _run_slurm_task(cfg: DictConfig, obj, p: dict, out_dir: Path, rank: int, sna
         raise RuntimeError("cannot run on this node:\n  " + "\n  ".join(problems))
     slurm.task_environment()
     return worker({"config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), "out_dir": str(out_dir),
-                   "plan": p})
+                   "plan": p, "env": snapshot})
 
 
-def _run_job(cfg: DictConfig, p: dict, out_dir: Path) -> dict | None:
+def _run_job(cfg: DictConfig, p: dict, out_dir: Path, snapshot: dict) -> dict | None:
     """stage=run: start the ranks (the machine was checked), report the measured run."""
     from moe_hydra import launch
 
-    spec = {"config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), "out_dir": str(out_dir), "plan": p}
+    spec = {"config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), "out_dir": str(out_dir), "plan": p,
+            "env": snapshot}
     try:
         results = launch.launch_local(spec, p["world_size"], out_dir)
     except launch.JobFailed as e:

@@ -41,7 +41,7 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 def worker(spec: dict[str, Any]) -> dict[str, Any] | None:
-    """Entry point of every rank. ``spec``: ``config`` (resolved, plain), ``out_dir``, ``plan``.
+    """Entry point of every rank. ``spec``: ``config`` (resolved, plain), ``out_dir``, ``plan``, ``env``.
 
     The distributed environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
     MASTER_PORT) comes from the launcher. Returns the results on rank 0, None elsewhere.
@@ -52,7 +52,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any] | None:
     _warnings_to_file(out_dir / "ranks" / f"warnings.rank{rank}.log")
     results = None
     try:
-        results = _Job(cfg, spec["plan"]).run(out_dir)
+        results = _Job(cfg, spec["plan"], spec.get("env")).run(out_dir)
         return results
     except BaseException as e:
         if rank == 0:
@@ -80,8 +80,8 @@ def _warnings_to_file(path: Path) -> None:
 
 
 class _Job:
-    def __init__(self, cfg: Config, plan: dict[str, Any]):
-        self.cfg, self.plan = cfg, plan
+    def __init__(self, cfg: Config, plan: dict[str, Any], env_snapshot: dict[str, Any] | None = None):
+        self.cfg, self.plan, self.env_snapshot = cfg, plan, env_snapshot
 
     # ------------------------------------------------------------------ setup
 
@@ -265,7 +265,8 @@ class _Job:
         if self.rank == 0:
             from moe_hydra import env
 
-            write_json({**env.snapshot(), "runtime": env.runtime()}, out_dir / "env.json")
+            # the planner's snapshot (taken on this machine), plus what only a process with torch can see
+            write_json({**(self.env_snapshot or env.snapshot()), "runtime": env.runtime()}, out_dir / "env.json")
         tcfg = self._transformer_config()
         chunks = self._build_model(tcfg)
         model, optimizer = self._wrap_and_optimizer(tcfg, chunks)

@@ -18,7 +18,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from moe_hydra import cli, env, plan, slurm
+from moe_hydra import cli, env, plan, slurm, sweep
 from moe_hydra.rules import LayoutError
 from moe_hydra.schema import Stage, register_configs
 
@@ -185,7 +185,7 @@ def main() -> None:
         print("moe_hydra: " + "\n  ".join(problems), file=sys.stderr)
         sys.exit(EXIT_INVALID)
     _hydra_app()
-    failed = [name for name, state in _session.outcomes if state not in ("COMPLETED", "KEPT", "PLANNED", "INVALID")]
+    failed = [name for name, state in _session.outcomes if state not in (*sweep.OK_STATES, "PLANNED", "INVALID")]
     invalid = _session.of("INVALID")
     if (failed or invalid) and len(_session.outcomes) > 1:
         print(f"moe_hydra: {len(failed) + len(invalid)} of {len(_session.outcomes)} points did not complete:\n  "

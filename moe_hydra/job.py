@@ -285,15 +285,14 @@ class _Job:
         fpt = plan["flops_per_token"]
         records: list[metrics.StepRecord] = []
         samples = []
-        progress = self._progress(t.train_iters) if self.rank == 0 else None
+        progress = _Progress(t.train_iters) if self.rank == 0 else None
 
         first, last = contract.window
         for step in range(1, t.train_iters + 1):
             if step == first:
                 window_start = time.perf_counter()
-            batches = iter([data.batch(step - 1, dp_rank, mb) for mb in range(data.microbatches)])
-            iterators = [batches] if len(model) == 1 else [batches] + [
-                iter([data.batch(step - 1, dp_rank, mb) for mb in range(data.microbatches)]) for _ in model[1:]]
+            batches = [data.batch(step - 1, dp_rank, mb) for mb in range(data.microbatches)]
+            iterators = [iter(batches) for _ in model]  # one pass over the step's micro-batches per model chunk
             if step == t.fail_at_step:
                 raise RuntimeError(f"train.fail_at_step={step}: failing on purpose")
             dist.barrier()
@@ -431,9 +430,6 @@ class _Job:
             "model_chunks": len(model),
             "batch_p2p_comm": tcfg.batch_p2p_comm,
         }
-
-    def _progress(self, total: int):
-        return _Progress(total)
 
 
 class _Progress:

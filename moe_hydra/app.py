@@ -113,6 +113,12 @@ def run_point(cfg: DictConfig) -> dict | None:
     if obj.stage is Stage.run:
         from moe_hydra import launch
 
+        too_big = plan.unfit(obj, p)
+        if too_big:
+            refusal = LayoutError([too_big], _point_name())
+            plan.write_json(refusal.record(), out_dir / "violations.json")
+            _report_invalid(refusal.report())
+            return None
         problems = launch.preflight(obj)
         if problems:
             _report_invalid("cannot run here; nothing was started:\n  " + "\n  ".join(problems))
@@ -123,8 +129,38 @@ def run_point(cfg: DictConfig) -> dict | None:
     log.info("plan written to %s", out_dir / "plan.json")
     if obj.stage is Stage.run:
         return _run_job(cfg, p, out_dir, snapshot)
+    if obj.stage is Stage.fit:
+        return _run_fit(cfg, obj, p, out_dir)
     record_outcome(_point_name(), "PLANNED")
     return p
+
+
+def _run_fit(cfg: DictConfig, obj, p: dict, out_dir: Path) -> dict:
+    """stage=fit: build the chosen ranks on the fake process group; the estimator must agree exactly."""
+    from rich.console import Console
+
+    from moe_hydra import fit
+
+    config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    report = fit.run(obj, config, p, out_dir)
+    Console().print(fit.render(report))
+    for note in report["notes"]:
+        print(f"note: {note}")
+    if report["refused"]:
+        record_outcome(_point_name(), "INVALID")
+        print("moe_hydra: Megatron-Core refuses this layout:\n  " + "\n  ".join(sorted(set(report["refused"])))
+              + f"\n  (build logs in {out_dir / 'fit'})", file=sys.stderr, flush=True)
+    elif not report["agree"]:
+        record_outcome(_point_name(), "FAILED")
+        bad = [r["rank"] for r in report["ranks"] if not r["agree"]]
+        print(f"moe_hydra: MISMATCH between the estimator and the build on ranks {bad}: a bug in "
+              f"moe_hydra.params; see {out_dir / 'fit.json'}", file=sys.stderr, flush=True)
+    else:
+        record_outcome(_point_name(), "COMPLETED")
+        print(f"moe_hydra: the estimator and Megatron-Core's build agree exactly on {len(report['ranks'])} ranks "
+              f"(pipeline ranks {', '.join(str(r['pp_rank']) for r in report['ranks'])})  ({out_dir / 'fit.json'})",
+              flush=True)
+    return report
 
 
 def _run_slurm_task(cfg: DictConfig, obj, p: dict, out_dir: Path, rank: int, snapshot: dict) -> dict | None:
@@ -136,6 +172,8 @@ def _run_slurm_task(cfg: DictConfig, obj, p: dict, out_dir: Path, rank: int, sna
     if rank == 0:
         plan.write_json(p, out_dir / "plan.json")
         plan.write_json(snapshot, out_dir / "env.json")
+    if obj.stage is Stage.fit and rank == 0:  # the fit builds its ranks as processes of its own
+        return _run_fit(cfg, obj, p, out_dir)
     if obj.stage is not Stage.run:
         return p
     problems = launch.preflight(obj, inside_allocation=True)

@@ -113,6 +113,13 @@ def _cpu_allocations() -> None:
         importlib.import_module(name).torch = _HostTorch()
 
 
+def _cpu_tensor_cuda() -> None:
+    """``LanguageModule.setup_embeddings_and_output_layer`` moves the embedding shared between the
+    first and the last pipeline stage (tied embeddings, or MTP) with ``weight.data.cuda()``: "Torch
+    not compiled with CUDA enabled". On a CPU build ``Tensor.cuda()`` keeps the tensor where it is."""
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self
+
+
 def _cpu_tensor_type_names() -> None:
     """Megatron's optimizers and gradient clipping check ``param.type() == 'torch.cuda.FloatTensor'``
     (a bare ``AssertionError``; "Wrapped parameters must be one of torch.cuda.FloatTensor, ...").
@@ -209,7 +216,9 @@ def apply() -> list[str]:
         _cpu_split_sizes()
         _cpu_allocations()
         _cpu_tensor_type_names()
-        installed += ["cpu_rng", "cpu_streams_and_device", "cpu_split_sizes", "cpu_allocations", "cpu_tensor_type_names"]
+        _cpu_tensor_cuda()
+        installed += ["cpu_rng", "cpu_streams_and_device", "cpu_split_sizes", "cpu_allocations", "cpu_tensor_type_names",
+                      "cpu_tensor_cuda"]
     if not te_available():
         _te_general_gemm()
         _sequence_parallel_torch_norm()

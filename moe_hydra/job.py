@@ -13,7 +13,7 @@ run and recorded but never enter a statistic; the steady window is ``contract.wi
     steps, window, warmup_steps, step_times_ms, step_time_ms, step_time_counter
     host_times_ms, device_times_ms, host_time_ms, device_time_ms
     tokens_per_s_per_gpu, tflops_per_gpu, flops_per_token, flops_counter, mfu, peak_tflops
-    peak_memory_gib, memory_counter
+    peak_memory_gib, memory_counter, memory_vs_estimate (GPU: the plan's estimate against max allocated)
     loss                   first, last, per_step, all_finite, nan_or_skipped
     evidence               facts read from the built model and optimizer, not from the config
 """
@@ -104,7 +104,10 @@ class _Job:
             dist.init_process_group("nccl" if self.on_gpu else "gloo")
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.device = torch.device("cuda", self.local_rank) if self.on_gpu else torch.device("cpu")
+        self._init_model_parallel()
 
+    def _init_model_parallel(self, **extra) -> None:
+        """Both meshes' process groups (``extra``: e.g. ``create_gloo_process_groups=False`` for stage=fit)."""
         from megatron.core import parallel_state as ps
 
         p = self.cfg.parallel
@@ -118,6 +121,7 @@ class _Job:
             expert_tensor_parallel_size=self.plan["parallel"]["expert_tensor_parallel_size"],
             num_distributed_optimizer_instances=self.cfg.optimizer.num_distributed_optimizer_instances,
             order="tp-cp-ep-pp-dp" if p.use_tp_pp_dp_mapping else "tp-cp-ep-dp-pp",
+            **extra,
         )
 
     def _transformer_config(self):
@@ -142,7 +146,11 @@ class _Job:
         import torch
         from megatron.core import parallel_state as ps
         from megatron.core.models.gpt import GPTModel
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_mtp_block_spec
+        from megatron.core.models.gpt.gpt_layer_specs import (
+            get_gpt_decoder_block_spec,
+            get_gpt_decoder_layer_specs,
+            get_gpt_mtp_block_spec,
+        )
         from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
         from megatron.core.transformer.module import Float16Module
 
@@ -155,11 +163,13 @@ class _Job:
         vpp = self.plan["parallel"]["virtual_pipeline_model_parallel_size"] or 1
         self.arch = Arch.from_model(m)
         chunks, self.redrawn = [], 0
+        last_layer = get_gpt_decoder_layer_specs(tcfg, use_te, normalization=m.normalization)[-1]
         for stage in range(vpp):
             vp = stage if vpp > 1 else None
             block = get_gpt_decoder_block_spec(tcfg, use_transformer_engine=use_te, normalization=m.normalization,
                                                vp_stage=vp)
-            mtp = get_gpt_mtp_block_spec(tcfg, block, use_transformer_engine=use_te, vp_stage=vp) if m.mtp_num_layers else None
+            # MTP blocks take the last decoder layer's type, whichever chunk they sit in (it may hold no layer)
+            mtp = get_gpt_mtp_block_spec(tcfg, last_layer, use_transformer_engine=use_te, vp_stage=vp) if m.mtp_num_layers else None
             model = GPTModel(
                 config=tcfg,
                 transformer_layer_spec=block,
@@ -398,7 +408,12 @@ class _Job:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         gib = [float(x) / 2**30 for x in t]
         peak = {"allocated": gib[0], "reserved": gib[1]} if self.on_gpu else {"rss": gib[0]}
-        return {"peak_memory_gib": peak, "memory_counter": counter}
+        out = {"peak_memory_gib": peak, "memory_counter": counter}
+        if self.on_gpu:  # the estimate without its declared allowance is what the allocator sees
+            est = self.plan["memory"]["total"] - self.plan["memory"]["allowance"]
+            out["memory_vs_estimate"] = {"estimate_gib": est, "allocated_gib": gib[0],
+                                         "error": (est - gib[0]) / gib[0] if gib[0] else None}
+        return out
 
     def _evidence(self, tcfg, model, optimizer) -> dict[str, Any]:
         """What was actually built: read from the modules and the optimizer, not from the config."""

@@ -3,7 +3,8 @@
 Counts what Megatron-Core's ``GPTModel`` allocates: per layer the attention projections (GQA or
 MLA), two norms, a dense MLP or a MoE block (router, routed experts, shared experts), then the
 embedding (plus a learned position embedding, if any), the final norm and the output layer, and each MTP block (two norms, the 2h -> h
-projection, one layer of the last layer's type, its own final norm).
+projection, one layer of the last layer's type, its own final norm). A pipeline stage holding MTP
+blocks holds its own copy of the embedding; with MTP the final norm sits with the last decoder layer.
 
 Per rank, Megatron's sharding applies: attention, dense MLP, shared experts, embedding and output
 layer over TP (the vocabulary padded to a multiple of 128 x TP); routed experts over EP (whole
@@ -40,20 +41,24 @@ class RankParams:
 class _Counter:
     """Per-rank parameter arithmetic for one architecture and one (TP, ETP, local experts)."""
 
-    def __init__(self, a: Arch, tp: int, etp: int, local_experts: int):
+    def __init__(self, a: Arch, tp: int, etp: int, local_experts: int, te_spec: bool = True):
         self.a, self.tp, self.etp, self.local_experts = a, tp, etp, local_experts
+        self.down = 1 if te_spec else tp  # MLA down-projection shards
         self.norm = 1 if a.rmsnorm else 2  # RMSNorm: weight; LayerNorm: weight + bias
 
     def attention(self) -> int:
         a, tp, nrm = self.a, self.tp, self.norm
         h = a.h
         if a.mla:
-            n, qk, pe, v = a.heads, a.qk_head_dim, a.qk_pos_emb_head_dim, a.v_head_dim
+            n, qk, pe, v, down = a.heads, a.qk_head_dim, a.qk_pos_emb_head_dim, a.v_head_dim, self.down
+            latent_norm = nrm if a.qk_norm else 0
             if a.q_lora_rank is None:
                 q = h * n * (qk + pe) // tp
             else:
-                q = h * a.q_lora_rank + a.q_lora_rank * nrm + a.q_lora_rank * n * (qk + pe) // tp
-            kv = h * (a.kv_lora_rank + pe) + a.kv_lora_rank * nrm + a.kv_lora_rank * n * (qk + v) // tp
+                ql = a.q_lora_rank
+                q = h * ql // down + ql * latent_norm + ql * n * (qk + pe) // tp
+            kvl = a.kv_lora_rank
+            kv = h * (kvl + pe) // down + kvl * latent_norm + kvl * n * (qk + v) // tp
             return q + kv + n * v * h // tp + (h if a.bias else 0)
         qkv = a.q_width + 2 * a.kv_width
         p = h * qkv // tp + a.q_width * h // tp
@@ -101,12 +106,13 @@ class _Counter:
             d, e = self.mtp_block()
             dense, expert = dense + d, expert + e
         vocab_shard = a.padded_vocab(self.tp) * a.h // self.tp
-        if r.embedding:
+        if r.embedding or r.mtp:  # MTP embeds the shifted tokens with its own copy of the embedding
             dense += vocab_shard + a.learned_positions * a.h  # position embedding: not sharded
-        if r.loss:
+        # The final norm sits with the loss; with MTP, with the last decoder layer instead.
+        if (a.num_layers - 1 in r.layers) if a.mtp else r.loss:
             dense += a.h * self.norm
-            if a.untied or pp > 1:
-                dense += vocab_shard
+        if r.loss and (a.untied or pp > 1):
+            dense += vocab_shard
         return RankParams(r.pp_rank, len(r.layers), dense, expert)
 
 
@@ -125,12 +131,9 @@ def active_params(a: Arch) -> int:
     return _whole_model(a, a.topk if a.experts else 0)
 
 
-def params_per_rank(a: Arch, layout: Layout, parallel) -> list[RankParams]:
-    """Parameters on one rank of each pipeline stage (all TP/EP ranks of a stage hold the same).
-
-    ``parallel`` is the config's ``parallel`` node, for the pipeline split fields.
-    """
-    stages = assign(
+def stages(a: Arch, layout: Layout, parallel) -> list[RankLayers]:
+    """What each pipeline rank holds; ``parallel`` is the config's node, for the split fields."""
+    return assign(
         a.num_layers,
         a.mtp,
         pp=layout.pp,
@@ -141,5 +144,14 @@ def params_per_rank(a: Arch, layout: Layout, parallel) -> list[RankParams]:
         account_embedding=parallel.account_for_embedding_in_pipeline_split,
         account_loss=parallel.account_for_loss_in_pipeline_split,
     )
-    counter = _Counter(a, layout.tp, layout.etp, a.experts // layout.ep if a.experts else 0)
-    return [counter.rank(s, layout.pp) for s in stages]
+
+
+def params_per_rank(a: Arch, layout: Layout, parallel, *, te_spec: bool = True,
+                    split: list[RankLayers] | None = None) -> list[RankParams]:
+    """Parameters on one rank of each pipeline stage (all TP/EP ranks of a stage hold the same).
+
+    ``parallel`` is the config's ``parallel`` node, for the pipeline split fields (or pass ``split``,
+    the output of :func:`stages`); ``te_spec``: the layer spec the job builds (see the module doc).
+    """
+    counter = _Counter(a, layout.tp, layout.etp, a.experts // layout.ep if a.experts else 0, te_spec)
+    return [counter.rank(s, layout.pp) for s in (split or stages(a, layout, parallel))]

@@ -12,6 +12,14 @@ it without this module. Planning never imports torch or megatron.
     params_per_rank              the most-loaded rank (max over pipeline stages)
     params_per_stage             one rank of each pipeline stage: dense / expert / total
     flops_per_token, flops_counter, flops_breakdown   model FLOPs at train.seq_length
+    layer_spec                   transformer_engine (GPU) or local (CPU): the spec the counts assume
+    memory                       per-rank estimate in GiB (moe_hydra.memory): the most-loaded rank's
+                                 weights / gradients / optimizer / activations / allowance / total,
+                                 breakdown, per_stage, capacity, margin, excluded
+    fits                         total <= hardware.memory_gib (null when the hardware declares none)
+    memory_suggestions           when it does not fit: the workflow's next steps, each with its
+                                 overrides and estimate (selective -> full recompute -> offload -> more
+                                 model parallelism)
     batch                        micro / global batch, micro-batches per step, tokens per step
     label, label_reasons         training-equivalent or benchmark-only, and why
     contract, contract_hash, contract_full_hash, swept   what must stay fixed between arms (contract.py)
@@ -24,15 +32,17 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from moe_hydra import contract, flops, params, rules
+from moe_hydra import contract, flops, memory, params, rules
 from moe_hydra.arch import Arch
 from moe_hydra.env import snapshot as env_snapshot
 from moe_hydra.layout import Layout
-from moe_hydra.versions import mcore_facts
+from moe_hydra.pipeline import RankLayers
+from moe_hydra.rules.base import V, Violation
+from moe_hydra.versions import McoreFacts, mcore_facts
 
 
 def _notes(cfg: Any, lo: Layout) -> list[str]:
@@ -50,6 +60,137 @@ def _notes(cfg: Any, lo: Layout) -> list[str]:
     return notes
 
 
+@dataclass(frozen=True, slots=True)
+class Assessment:
+    """A legal layout, counted and estimated: what the plan and the layout search share."""
+
+    layout: Layout
+    arch: Arch
+    split: list[RankLayers]
+    ranks: list[params.RankParams]
+    stages: list[memory.StageMemory]
+    batch: dict[str, int]
+
+    @property
+    def peak(self) -> memory.StageMemory:
+        return max(self.stages, key=lambda s: s.total)
+
+
+def batch_of(cfg: Any, lo: Layout) -> dict[str, int]:
+    """The batch a config trains: ``global_batch_size`` null means micro batch x world size."""
+    mbs, seq = cfg.train.micro_batch_size, cfg.train.seq_length
+    gbs = cfg.train.global_batch_size or mbs * lo.world_size
+    return {"micro_batch_size": mbs, "global_batch_size": gbs,
+            "micro_batches_per_step": gbs // (mbs * lo.dp) if lo.dp else 0, "tokens_per_step": gbs * seq}
+
+
+def assess(cfg: Any, mcore: McoreFacts | None = None, arch: Arch | None = None) -> Assessment:
+    """Rules, per-rank parameters and the memory estimate of a composed config.
+
+    Raises:
+        rules.LayoutError: listing every rule the config breaks.
+    """
+    rules.validate(cfg, mcore=mcore or mcore_facts())
+    lo = Layout.from_config(cfg)
+    a = arch or Arch.from_model(cfg.model)
+    split = params.stages(a, lo, cfg.parallel)
+    ranks = params.params_per_rank(a, lo, cfg.parallel, te_spec=te_spec(cfg), split=split)
+    batch = batch_of(cfg, lo)
+    return Assessment(lo, a, split, ranks, memory.estimate(cfg, lo, a, split, ranks, batch["micro_batches_per_step"]),
+                      batch)
+
+
+def te_spec(cfg: Any) -> bool:
+    """Whether the job builds Transformer Engine layers: on GPUs (with TE installed there), not on the CPU."""
+    return cfg.hardware.arch != "cpu"
+
+
+# The workflow's order when a layout does not fit: recompute, then offload, then more model parallelism.
+_MEMORY_STEPS = (["recompute=selective"], ["recompute=full"], ["recompute=full", "offload=fine_grained"])
+
+
+def _preset(group: str, name: str, node: Any) -> Any:
+    """``conf/<group>/<name>.yaml`` applied over ``node`` (the suggestions use the presets users type)."""
+    from omegaconf import OmegaConf
+
+    from moe_hydra.cli import CONF_DIR
+
+    merged = OmegaConf.merge(OmegaConf.structured(node), OmegaConf.load(CONF_DIR / group / f"{name}.yaml"))
+    return OmegaConf.to_object(merged)
+
+
+def _apply(cfg: Any, overrides: list[str]) -> Any:
+    for o in overrides:
+        key, value = o.split("=", 1)
+        if "." in key:  # parallel.<field>=<int | true>
+            section, field = key.split(".")
+            typed = value == "true" if value in ("true", "false") else int(value)
+            cfg = replace(cfg, **{section: replace(getattr(cfg, section), **{field: typed})})
+        else:
+            cfg = replace(cfg, **{key: _preset(key, value, getattr(cfg, key))})
+    return cfg
+
+
+def _more_parallelism(cfg: Any, lo: Layout, a: Arch) -> list[list[str]]:
+    """One step more of EP, PP or TP (the workflow's order), each only where the sizes allow it."""
+    p, out = cfg.parallel, []
+    if a.experts and a.experts % (2 * lo.ep) == 0:
+        out.append([f"parallel.expert_model_parallel_size={2 * lo.ep}"])
+    if p.pipeline_model_parallel_layout is None:
+        out.append([f"parallel.pipeline_model_parallel_size={2 * lo.pp}"])
+    out.append([f"parallel.tensor_model_parallel_size={2 * lo.tp}"]
+               + ([] if lo.sp or not a.experts else ["parallel.sequence_parallel=true"]))
+    return [["recompute=selective", *o] for o in out]
+
+
+def suggestions(cfg: Any, assessed: Assessment, mcore: McoreFacts) -> list[dict[str, Any]]:
+    """The workflow's next steps for a layout that does not fit, each estimated; illegal ones left out."""
+    out = []
+    steps = [*_MEMORY_STEPS, *_more_parallelism(cfg, assessed.layout, assessed.arch)]
+    for overrides in steps:
+        if cfg.recompute.name == "selective" and overrides[0] == "recompute=selective" and len(overrides) == 1:
+            continue
+        try:
+            alt = _apply(cfg, overrides)
+            est = assess(alt, mcore, assessed.arch)
+        except (rules.LayoutError, ValueError):
+            continue
+        total = est.peak.total / memory.GIB
+        cap = cfg.hardware.memory_gib
+        out.append({"overrides": overrides, "total_gib": round(total, 3),
+                    "fits": None if cap is None else total <= cap})
+    return out
+
+
+def unfit(cfg: Any, p: dict[str, Any]) -> Violation | None:
+    """The refusal stage=run gives a plan (or its ``memory``, ``fits``, ``memory_suggestions``) that
+    does not fit, unless ``memory.refuse_unfit=false``."""
+    if p["fits"] is not False or not cfg.memory.refuse_unfit:
+        return None
+    m = p["memory"]
+    first = next((s for s in p["memory_suggestions"] if s["fits"]), None)
+    fix = (" ".join(first["overrides"]) + f" (estimate {first['total_gib']:.1f} GiB)") if first else "more GPUs"
+    return V("M01", f"the estimate for pipeline rank {m['most_loaded_pp_rank']} is {m['total']:.1f} GiB, "
+             f"more than the {m['capacity']} GiB of {cfg.hardware.name} (margin {m['margin']:.1f} GiB)",
+             f"{fix}; or memory.refuse_unfit=false to run it anyway",
+             hardware__memory_gib=m["capacity"])
+
+
+def run_violations(cfg: Any) -> list[Violation]:
+    """Everything that stops a config from running, found before anything is queued: the rules,
+    then the memory estimate."""
+    mcore = mcore_facts()
+    try:
+        assessed = assess(cfg, mcore)
+    except rules.LayoutError as e:
+        return e.violations
+    mem = memory.summary(cfg, assessed.stages, assessed.ranks)
+    fits = memory.fits(mem)
+    p = {"memory": mem, "fits": fits, "memory_suggestions": suggestions(cfg, assessed, mcore) if fits is False else []}
+    v = unfit(cfg, p)
+    return [v] if v else []
+
+
 def make_plan(cfg: Any, swept: list[str] | None = None, env: dict[str, Any] | None = None) -> dict[str, Any]:
     """The plan of a composed config (objects, e.g. ``OmegaConf.to_object(cfg)``).
 
@@ -60,21 +201,13 @@ def make_plan(cfg: Any, swept: list[str] | None = None, env: dict[str, Any] | No
         rules.LayoutError: listing every rule the config breaks.
     """
     mcore = mcore_facts()
-    rules.validate(cfg, mcore=mcore)
-    lo = Layout.from_config(cfg)
-    arch = Arch.from_model(cfg.model)
+    assessed = assess(cfg, mcore)
+    lo, arch, per_stage, batch = assessed.layout, assessed.arch, assessed.ranks, assessed.batch
     seq = cfg.train.seq_length
-    per_stage = params.params_per_rank(arch, lo, cfg.parallel)
     fl = flops.flops_per_token(arch, seq, lo.tp)
-    mbs = cfg.train.micro_batch_size
-    gbs = cfg.train.global_batch_size or mbs * lo.dp
     label, reasons = contract.label(cfg)
-    batch = {
-        "micro_batch_size": mbs,
-        "global_batch_size": gbs,
-        "micro_batches_per_step": gbs // (mbs * lo.dp),
-        "tokens_per_step": gbs * seq,
-    }
+    mem = memory.summary(cfg, assessed.stages, per_stage)
+    fits = memory.fits(mem)
     env = env or env_snapshot()
     the_contract = contract.build(cfg, lo.to_megatron(), batch, env)
     return {
@@ -98,6 +231,10 @@ def make_plan(cfg: Any, swept: list[str] | None = None, env: dict[str, Any] | No
         "flops_counter": flops.COUNTER,
         "flops_breakdown": asdict(fl),
         "batch": batch,
+        "layer_spec": "transformer_engine" if te_spec(cfg) else "local",
+        "memory": mem,
+        "fits": fits,
+        "memory_suggestions": suggestions(cfg, assessed, mcore) if fits is False else [],
         "label": label,
         "label_reasons": reasons,
         **contract.hashes(the_contract, list(swept or [])),
@@ -123,6 +260,25 @@ def _si(n: float, billion: str = "B") -> str:
         if abs(n) >= scale:
             return f"{n / scale:.2f}{unit}"
     return f"{n:.0f}"
+
+
+def _memory_rows(t, plan: dict[str, Any]) -> None:
+    m = plan["memory"]
+    parts = (f"weights {m['weights']:.1f} + gradients {m['gradients']:.1f} + optimizer {m['optimizer']:.1f} + "
+             f"activations {m['activations']:.1f} ({m['breakdown']['in_flight_microbatches']:g} micro-batches in flight)"
+             f" + allowance {m['allowance']:.1f}")
+    t.add_row("memory / rank", f"{m['total']:.2f} GiB on pipeline rank {m['most_loaded_pp_rank']} (the most loaded): {parts}")
+    if len(m["per_stage"]) > 1:
+        t.add_row("memory per stage", ", ".join(f"{s['pp_rank']}: {s['total']:.1f}" for s in m["per_stage"]) + " GiB")
+    fits = plan["fits"]
+    if fits is None:
+        t.add_row("fits", "unknown: the hardware declares no device memory (hardware.memory_gib)")
+    else:
+        verdict = "[green]yes[/]" if fits else "[bold red]no[/]"
+        t.add_row("fits", f"{verdict}: {m['total']:.1f} of {m['capacity']} GiB, margin {m['margin']:.1f} GiB")
+    for s in plan["memory_suggestions"]:
+        mark = "fits" if s["fits"] else "does not fit"
+        t.add_row("next step", f"{' '.join(s['overrides'])}: {s['total_gib']:.1f} GiB ({mark})")
 
 
 def render(plan: dict[str, Any]):
@@ -152,6 +308,7 @@ def render(plan: dict[str, Any]):
               f"({b['micro_batches_per_step']} micro-batches/step), seq {plan['seq_length']}, "
               f"{_si(b['tokens_per_step'])} tokens/step")
     t.add_row("model FLOPs/token", f"{_si(plan['flops_per_token'], 'G')} FLOP ({plan['flops_counter']})")
+    _memory_rows(t, plan)
     label = plan["label"] + (f": {'; '.join(plan['label_reasons'])}" if plan["label_reasons"] else "")
     t.add_row("label", label)
     t.add_row("contract", f"{plan['contract_hash']} (full {plan['contract_full_hash']})"

@@ -32,6 +32,7 @@ class Stage(str, Enum):
     """What ``python -m moe_hydra`` does with the composed config."""
 
     plan = "plan"  # validate, count, estimate; write plan.json; start nothing
+    fit = "fit"  # plan, then build pipeline ranks of the layout with Megatron-Core on a fake process group
     run = "run"  # plan, then train and measure
 
 
@@ -258,7 +259,8 @@ class OptimizerConfig:
 @dataclass(kw_only=True, slots=True)
 class TrainConfig:
     micro_batch_size: int = 1
-    # null = micro_batch_size x DP (one micro-batch per data-parallel rank per step).
+    # null = micro_batch_size x world size: the same for every layout of one world size (so layouts
+    # compare), and TP x CP x PP micro-batches per data-parallel rank, enough to fill any pipeline.
     global_batch_size: Optional[int] = None
     seq_length: int = II("model.seq_length")
     # Steps to run; defaults to the last step of the contract window.
@@ -278,6 +280,24 @@ class DataConfig:
     kind: str = "mock"
     path: Optional[str] = None
     seed: int = 1234
+
+
+@dataclass(kw_only=True, slots=True)
+class MemoryConfig:
+    """The memory estimate's declared allowances (moe_hydra.memory) and what stage=run does with it."""
+
+    # stage=run refuses a layout whose estimate exceeds hardware.memory_gib; false runs it anyway.
+    refuse_unfit: bool = True
+    # What no estimator sees, declared per rank (GiB): CUDA context and library workspaces,
+    cuda_context_gib: float = 0.75
+    # NCCL communicator buffers (more process groups, more buffers),
+    nccl_gib: float = 1.5
+    # DeepEP / HybridEP buffers (flex dispatcher only),
+    flex_dispatcher_gib: float = 2.0
+    # CUDA-graph pools (kernels.cuda_graph_impl != none; full-iteration graphs can need far more),
+    cuda_graphs_gib: float = 4.0
+    # and caching-allocator fragmentation, as a fraction of the estimate.
+    fragmentation: float = 0.05
 
 
 @dataclass(kw_only=True, slots=True)
@@ -349,6 +369,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
     contract: ContractConfig = field(default_factory=ContractConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 

@@ -33,7 +33,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLaunche
 from omegaconf import OmegaConf, open_dict
 
 from moe_hydra import sweep
-from moe_hydra.schema import Config
+from moe_hydra.schema import Config, Stage
 
 log = logging.getLogger("moe_hydra")
 
@@ -109,7 +109,7 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
         return executor
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from moe_hydra import rules
+        from moe_hydra import plan, rules
         from moe_hydra.plan import write_json
 
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
@@ -132,7 +132,7 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
                 continue
             job_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config),
                                                           OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])))
-            violations = rules.check(job_cfg)
+            violations = plan.run_violations(job_cfg) if job_cfg.stage is Stage.run else rules.check(job_cfg)
             if violations:
                 refusal = rules.LayoutError(violations, " ".join(p.overrides))
                 p.state, p.error = "INVALID", refusal.report()

@@ -75,6 +75,9 @@ CASES = [
     ("L28", [H100, "attention_mesh=tp2", "model.ffn_hidden_size=511"], r"ffn_hidden_size 511 is not divisible by 2"),
     ("L28", [H100, "attention_mesh=tp2", "model.moe_ffn_hidden_size=255"], r"moe_ffn_hidden_size 255 is not divisible by 2"),
     ("L30", [H100, "train.global_batch_size=12"], r"global batch 12 is not divisible by micro batch 4 x DP 8 = 32"),
+    # DP 64, MBS 1: 512 / 64 = 8 micro-batches, PP 8 -> fine; 576 / 64 = 9 leaves a group of 1
+    ("B01", [*DSV3, "train.micro_batch_size=1", "train.global_batch_size=576"],
+     r"needs a multiple of PP micro-batches per step, got 9 \(global batch 576"),
     ("L31", ["kernels.moe_grouped_gemm=true"], r"grouped-GEMM experts need a GPU"),
     ("L32", ["overlap.overlap_param_gather=true"], r"overlap_param_gather needs the distributed optimizer and overlap_grad_reduce"),
     ("L33", ["offload=optimizer", "optimizer.use_distributed_optimizer=false"], r"optimizer CPU offload needs the distributed optimizer"),

@@ -326,6 +326,23 @@ def l30_global_batch(c: Ctx):
 
 
 @rule
+def b01_interleaved_microbatches(c: Ctx):
+    """Megatron's interleaved schedule runs micro-batches in groups of PP per virtual stage
+    (microbatch_group_size_per_vp_stage): fewer than PP, or a last group of 1..PP-1, is refused at the first step."""
+    lo, t = c.layout, c.cfg.train
+    if not (lo.vpp and lo.vpp > 1 and lo.pp > 1 and lo.dp):
+        return
+    mbs, unit = t.micro_batch_size, t.micro_batch_size * lo.dp
+    gbs = t.global_batch_size or mbs * lo.world_size
+    m = gbs // unit
+    if gbs % unit == 0 and (m < lo.pp or 0 < m % lo.pp < lo.pp):
+        yield V("B01", f"the interleaved pipeline (PP {lo.pp}, VPP {lo.vpp}) needs a multiple of PP micro-batches "
+                f"per step, got {m} (global batch {gbs} / (micro batch {mbs} x DP {lo.dp}))",
+                f"train.global_batch_size={unit * lo.pp * max(1, -(-m // lo.pp))} (or null for micro batch x world size)",
+                train__global_batch_size=t.global_batch_size, parallel__pipeline_model_parallel_size=lo.pp)
+
+
+@rule
 def l31_grouped_gemm(c: Ctx):
     if c.cfg.kernels.moe_grouped_gemm and c.cfg.hardware.arch == "cpu":
         yield V("L31", "grouped-GEMM experts need a GPU with compute capability >= 8",

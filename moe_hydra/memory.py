@@ -1,0 +1,318 @@
+"""Per-rank device memory of a layout: weights, gradients, optimizer state, activations, allowance.
+
+Follows Megatron-Bridge's accounting (flops-memory.md §4), made right for MoE:
+
+**Static** (per rank of each pipeline stage, from :mod:`moe_hydra.params`)::
+
+    weights     params x bytes(params_dtype)                      (fp8 recipes keep bf16 weights)
+    gradients   params x bytes(main_grads_dtype)                  (the DDP buffer is never sharded)
+    optimizer   dense  x state / (DP x CP / instances)            (distributed optimizer)
+              + expert x state / (EDP / instances)
+                state = master copy (0 when the weights are fp32) + Adam m and v, each in its dtype
+                (fp32 unless use_precision_aware_optimizer); x (1 - offloaded fraction)
+
+For bf16 weights, fp32 gradients and the distributed optimizer this is Megatron's 6 + 12/d bytes
+per parameter, with d = DP x CP for the dense part and EDP for the experts.
+
+**Activations** (what autograd keeps for the backward pass), per micro-batch and layer, summed over
+named terms so recompute and offload remove exactly the terms they remove in Megatron-Core::
+
+    T  = s x b / CP      tokens of this rank's sequence shard     (s = seq_length, b = micro batch)
+    Th = T / TP with sequence parallelism, else T                 (rows of the hidden state)
+
+    attn_norm      Th x h             input of the attention norm
+    qkv_linear     Th x h             its output, the QKV (MLA: down-projection) input    [layernorm]
+    mla_down       T x (q_lora + 2 kv_lora + rope)   MLA latents, their norms' outputs
+    mla_up_proj    T x heads (2 qk + rope + v) / TP   MLA up-projection outputs        [mla_up_proj]
+    core_attn      T x (q + 2 kv) / TP                q, k (after RoPE), v              [mla_up_proj]
+    core_attn_internal  flash: T x heads / TP fp32 (softmax statistics); unfused (CPU): the
+                   attention probabilities, T x heads / TP x s                        [core_attn]
+    attn_proj      T x q / TP         core-attention output, the projection input
+    mlp_norm       Th x h             input of the MLP norm
+    mlp_input      Th x h             its output (MLP / router / dispatcher input)    [layernorm]
+    mlp            T x (fc1 width + f) / TP           dense MLP fc1 output, activation output  [mlp]
+    router         Th x experts x 2 fp32              logits and scores                      [moe]
+    expert_fc1     Th x k x ETP x h                   dispatched tokens (top-k duplicated)  [moe]
+    expert_act_in  Th x k x fc1 width                 expert fc1 output                      [moe]
+    moe_act        Th x k x fe                        expert activation output   [moe_act, moe]
+    unpermute      Th x k x h                         expert outputs, kept to weight by the probs [moe]
+    shared_experts T x (fc1 width + f_sh) / TP        [shared_experts, moe]
+
+(bracketed: the ``recompute_modules`` entry that drops the term; top-k routing is assumed balanced,
+padded to capacity when ``moe_pad_expert_input_to_capacity``). Full recompute keeps one hidden state
+per ``recompute_num_layers`` layers (uniform) or recomputes that many layers per model chunk (block),
+plus one recomputed group live during the backward pass. Fine-grained offloading removes the
+offloaded modules' terms. The last stage adds the final norm, the output layer's input and the fp32
+logits of the cross-entropy; each MTP block adds its norms, projection input, layer and logits.
+
+Micro-batches in flight on pipeline rank r (M per step): 1F1B holds min(PP - r, M);
+the interleaved schedule holds min(2 (PP - r - 1) + (VPP - 1) PP + 1, M VPP) model-chunk
+micro-batches, i.e. PP (1 + (PP - 1) / (PP VPP)) stage micro-batches on rank 0, as Megatron's schedule
+warms up. Activation elements are 2 bytes (4 with fp32 weights); fp8 recipes keep them in bf16 here.
+
+**Allowance**: declared, not estimated (``memory.*``): CUDA context, NCCL buffers, flex-dispatcher
+buffers, CUDA graphs, allocator fragmentation. Listed as such in the plan.
+
+Pure: standard library only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from moe_hydra.arch import Arch
+from moe_hydra.layout import Layout
+from moe_hydra.params import RankParams
+from moe_hydra.pipeline import RankLayers
+
+GIB = 2**30
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+# Terms each selective-recompute module drops (Megatron-Core ``recompute_modules``).
+RECOMPUTE_DROPS = {
+    "core_attn": ("core_attn_internal",),
+    "layernorm": ("qkv_linear", "mlp_input"),
+    "mla_up_proj": ("mla_up_proj", "core_attn"),
+    "mlp": ("mlp",),
+    "moe_act": ("moe_act",),
+    "moe": ("router", "expert_fc1", "expert_act_in", "moe_act", "unpermute", "shared_experts"),
+    "shared_experts": ("shared_experts",),
+}
+# Terms each fine-grained offload module moves to the host (``offload_modules``).
+OFFLOAD_DROPS = {
+    "attn_norm": ("attn_norm",),
+    "qkv_linear": ("qkv_linear",),
+    "core_attn": ("core_attn", "core_attn_internal"),
+    "attn_proj": ("attn_proj",),
+    "mlp_norm": ("mlp_norm",),
+    "expert_fc1": ("expert_fc1",),
+    "moe_act": ("moe_act",),
+}
+EXCLUDED = ("routing imbalance beyond the capacity factor", "kernel workspaces", "memory of other processes")
+
+
+@dataclass(frozen=True, slots=True)
+class StageMemory:
+    """Bytes on one rank of one pipeline stage."""
+
+    pp_rank: int
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    in_flight: float  # micro-batches of this stage's layers whose activations are held at the peak
+    allowance: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.allowance
+
+
+def _state_bytes(cfg: Any) -> float:
+    """Optimizer bytes per parameter before sharding: master copy + moments."""
+    o, dtype = cfg.optimizer, cfg.precision.params_dtype
+    aware = o.use_precision_aware_optimizer
+    master = 0 if dtype == "fp32" else DTYPE_BYTES[o.main_params_dtype if aware else "fp32"]
+    m = DTYPE_BYTES[o.exp_avg_dtype if aware else "fp32"]
+    v = DTYPE_BYTES[o.exp_avg_sq_dtype if aware else "fp32"]
+    moments = m + v if o.optimizer == "adam" else m  # sgd: momentum only
+    return master + moments
+
+
+def layer_terms(cfg: Any, lo: Layout, a: Arch, moe: bool, *, flash: bool) -> dict[str, float]:
+    """Activation bytes of one decoder layer for one micro-batch on one rank, by term."""
+    s, b, tp = cfg.train.seq_length, cfg.train.micro_batch_size, lo.tp
+    tokens = s * b / lo.cp
+    rows = tokens / tp if lo.sp else tokens
+    e = 4 if cfg.precision.params_dtype == "fp32" else 2
+    h = a.h
+    t: dict[str, float] = {"attn_norm": rows * h * e, "qkv_linear": rows * h * e}
+    if a.mla:
+        n, qk, pe, v = a.heads, a.qk_head_dim, a.qk_pos_emb_head_dim, a.v_head_dim
+        ql, kvl = a.q_lora_rank or 0, a.kv_lora_rank
+        t["mla_down"] = tokens * (2 * ql + 2 * kvl + pe) * e
+        t["mla_up_proj"] = tokens * n * ((qk + pe if ql else 0) + qk + v) / tp * e
+        t["core_attn"] = tokens * n * (2 * (qk + pe) + v) / tp * e
+        q_width, heads = n * v, n
+    else:
+        t["core_attn"] = tokens * (a.q_width + 2 * a.kv_width) / tp * e
+        q_width, heads = a.q_width, a.heads
+    t["core_attn_internal"] = tokens * heads / tp * (4 if flash else s * e)
+    t["attn_proj"] = tokens * q_width / tp * e
+    t["mlp_norm"] = rows * h * e
+    t["mlp_input"] = rows * h * e
+    glu = 2 if a.glu else 1
+    if not moe:
+        t["mlp"] = tokens * (glu + 1) * a.ffn / tp * e
+        return t
+    r = cfg.routing
+    capacity = r.moe_expert_capacity_factor if r.moe_pad_expert_input_to_capacity and r.moe_expert_capacity_factor else 1.0
+    routed = rows * a.topk * capacity  # token copies this rank sends to experts
+    t["router"] = rows * a.experts * 2 * 4
+    t["expert_fc1"] = routed * lo.etp * h * e
+    t["expert_act_in"] = routed * glu * a.moe_ffn * e
+    t["moe_act"] = routed * a.moe_ffn * e
+    t["unpermute"] = routed * h * e
+    if a.shared_ffn:
+        t["shared_experts"] = tokens * (glu + 1) * a.shared_ffn / tp * e
+    return t
+
+
+def _dropped(cfg: Any) -> set[str]:
+    rc, off = cfg.recompute, cfg.offload
+    drop: set[str] = set()
+    if rc.recompute_granularity == "selective":
+        for module in rc.recompute_modules or ["core_attn"]:
+            drop.update(RECOMPUTE_DROPS.get(module, ()))
+    if off.fine_grained_activation_offloading:
+        for module in off.offload_modules:
+            drop.update(OFFLOAD_DROPS.get(module, ()))
+    return drop
+
+
+def in_flight_chunks(pp: int, vpp: int | None, pp_rank: int, microbatches: int,
+                     overlap_moe_comm: bool = False) -> tuple[int, int]:
+    """(model-chunk micro-batches held at the peak, chunks per rank) on pipeline rank ``pp_rank``:
+    the schedule's warmup forwards plus the one whose backward follows (Megatron's
+    ``get_pp_rank_microbatches``; overlapped EP communication runs one more forward first)."""
+    if pp == 1:
+        return 1, 1
+    if not vpp or vpp == 1:
+        return min(pp - pp_rank, microbatches), 1
+    warmup = 2 * (pp - pp_rank - 1) + (vpp - 1) * pp + overlap_moe_comm
+    return min(warmup + 1, microbatches * vpp), vpp
+
+
+class Estimator:
+    """The estimate for one config; :meth:`stages` evaluates it per pipeline stage."""
+
+    def __init__(self, cfg: Any, lo: Layout, a: Arch, microbatches: int, *, flash: bool):
+        self.cfg, self.lo, self.a, self.microbatches = cfg, lo, a, microbatches
+        drop = _dropped(cfg)
+        self.dense_layer = sum(v for k, v in layer_terms(cfg, lo, a, False, flash=flash).items() if k not in drop)
+        self.moe_layer = (sum(v for k, v in layer_terms(cfg, lo, a, True, flash=flash).items() if k not in drop)
+                          if a.experts else 0.0)
+        self.full_dense = sum(layer_terms(cfg, lo, a, False, flash=flash).values())
+        self.full_moe = sum(layer_terms(cfg, lo, a, True, flash=flash).values()) if a.experts else 0.0
+        e = 4 if cfg.precision.params_dtype == "fp32" else 2
+        tokens = cfg.train.seq_length * cfg.train.micro_batch_size / lo.cp
+        rows = tokens / lo.tp if lo.sp else tokens
+        self.hidden = rows * a.h * e  # one stored hidden state (full-recompute checkpoint)
+        # final norm input + output-layer input + fp32 logits of the vocab-parallel cross-entropy
+        self.loss = 2 * self.hidden + tokens * a.padded_vocab(lo.tp) / lo.tp * 4
+        self.allowance = allowance(cfg)
+
+    def _static(self, p: RankParams) -> tuple[float, float, float]:
+        cfg, lo = self.cfg, self.lo
+        o, off = cfg.optimizer, cfg.offload
+        weights = p.total * DTYPE_BYTES[cfg.precision.params_dtype]
+        grads = p.total * DTYPE_BYTES["fp32" if cfg.precision.params_dtype == "fp32" else o.main_grads_dtype]
+        inst = o.num_distributed_optimizer_instances
+        dense_shard = max(1, lo.dp * lo.cp // inst) if o.use_distributed_optimizer else 1
+        expert_shard = max(1, lo.edp // inst) if o.use_distributed_optimizer else 1
+        state = _state_bytes(cfg) * (p.dense / dense_shard + p.expert / expert_shard)
+        if off.optimizer_cpu_offload:
+            state *= 1 - off.optimizer_offload_fraction
+        return weights, grads, state
+
+    def _activations(self, r: RankLayers) -> tuple[float, float]:
+        a, rc = self.a, self.cfg.recompute
+        chunks, vpp = in_flight_chunks(self.lo.pp, self.lo.vpp, r.pp_rank, self.microbatches,
+                                       self.cfg.overlap.overlap_moe_expert_parallel_comm)
+        n_moe = sum(a.is_moe[i] for i in r.layers)
+        n_dense = len(r.layers) - n_moe
+        mtp_layer = (self.moe_layer if a.mtp_is_moe else self.dense_layer) if r.mtp else 0.0
+        per_mb = n_dense * self.dense_layer + n_moe * self.moe_layer + r.mtp * (mtp_layer + 4 * self.hidden)
+        live = 0.0
+        if rc.recompute_granularity == "full" and r.layers:
+            group = rc.recompute_num_layers or 1
+            layers = len(r.layers)
+            avg_full = (n_dense * self.full_dense + n_moe * self.full_moe) / layers
+            avg_kept = (n_dense * self.dense_layer + n_moe * self.moe_layer) / layers
+            if rc.recompute_method == "block":
+                recomputed = min(layers, group * vpp)
+                per_mb = recomputed * self.hidden + (layers - recomputed) * avg_kept
+            else:
+                per_mb = -(-layers // group) * self.hidden
+            per_mb += r.mtp * (mtp_layer + 4 * self.hidden)
+            live = min(group, layers) * avg_full  # one recomputed group during its backward
+        stage_mbs = chunks / vpp
+        act = per_mb * stage_mbs + live
+        if r.loss:
+            act += self.loss * (1 + r.mtp)  # the last stage runs each micro-batch's backward at once
+        return act, stage_mbs
+
+    def stages(self, split: list[RankLayers], ranks: list[RankParams]) -> list[StageMemory]:
+        out = []
+        for r, p in zip(split, ranks):
+            weights, grads, opt = self._static(p)
+            act, mbs = self._activations(r)
+            out.append(StageMemory(r.pp_rank, weights, grads, opt, act, mbs, self.allowance_total(weights + grads + opt + act)))
+        return out
+
+    def allowance_total(self, estimated: float) -> float:
+        fixed = sum(v for k, v in self.allowance.items() if k != "fragmentation")
+        return fixed + self.allowance["fragmentation"] * estimated
+
+
+def allowance(cfg: Any) -> dict[str, float]:
+    """Declared bytes for what the estimate cannot see (``memory.*``); fragmentation is a fraction."""
+    m, gib = cfg.memory, GIB
+    return {
+        "cuda_context": m.cuda_context_gib * gib,
+        "nccl": m.nccl_gib * gib,
+        "flex_dispatcher": m.flex_dispatcher_gib * gib if cfg.dispatcher.moe_token_dispatcher_type == "flex" else 0.0,
+        "cuda_graphs": m.cuda_graphs_gib * gib if cfg.kernels.cuda_graph_impl != "none" else 0.0,
+        "fragmentation": m.fragmentation,
+    }
+
+
+def estimate(cfg: Any, lo: Layout, a: Arch, split: list[RankLayers], ranks: list[RankParams],
+             microbatches: int) -> list[StageMemory]:
+    """Per pipeline stage, the memory of one of its ranks."""
+    flash = cfg.hardware.arch != "cpu"  # GPUs run fused/flash attention; the CPU path stores the probabilities
+    return Estimator(cfg, lo, a, microbatches, flash=flash).stages(split, ranks)
+
+
+def _gib(x: float) -> float:
+    return round(x / GIB, 6)
+
+
+def summary(cfg: Any, stages: list[StageMemory], ranks: list[RankParams]) -> dict[str, Any]:
+    """``plan.json``'s ``memory``: the most-loaded rank's breakdown (GiB), every stage, the verdict."""
+    worst = max(stages, key=lambda s: s.total)
+    p = ranks[worst.pp_rank]
+    capacity = cfg.hardware.memory_gib
+    allow = allowance(cfg)
+    est = worst.total - worst.allowance
+    state = _state_bytes(cfg)
+    return {
+        "unit": "GiB",
+        "most_loaded_pp_rank": worst.pp_rank,
+        "total": _gib(worst.total),
+        "weights": _gib(worst.weights),
+        "gradients": _gib(worst.gradients),
+        "optimizer": _gib(worst.optimizer),
+        "activations": _gib(worst.activations),
+        "allowance": _gib(worst.allowance),
+        "breakdown": {
+            "params_dense": p.dense, "params_expert": p.expert,
+            "in_flight_microbatches": round(worst.in_flight, 3),
+            "allowance": {k: (_gib(v) if k != "fragmentation" else _gib(v * est)) for k, v in allow.items()},
+            "optimizer_bytes_per_param_before_sharding": state,
+        },
+        "per_stage": [{"pp_rank": s.pp_rank, "weights": _gib(s.weights), "gradients": _gib(s.gradients),
+                       "optimizer": _gib(s.optimizer), "activations": _gib(s.activations),
+                       "in_flight_microbatches": round(s.in_flight, 3), "allowance": _gib(s.allowance),
+                       "total": _gib(s.total)} for s in stages],
+        "capacity": capacity,
+        "margin": None if capacity is None else round(capacity - worst.total / GIB, 3),
+        "excluded": list(EXCLUDED),
+        "counter": "moe_hydra.memory (Bridge accounting + MoE activation terms), most-loaded pipeline stage",
+    }
+
+
+def fits(summary_: dict[str, Any]) -> bool | None:
+    """True / False against the device memory; None when the hardware declares none (CPU)."""
+    return None if summary_["capacity"] is None else summary_["margin"] >= 0

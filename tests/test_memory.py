@@ -1,0 +1,214 @@
+"""The memory estimate: Megatron's bytes per parameter and shards, the schedule's micro-batches in
+flight, what recompute and offload remove, the verdict in plan.json, and stage=run's refusal."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from moe_hydra import memory, plan
+from tests.conftest import compose_config
+
+H100 = "hardware=h100_sxm"
+DSV3 = ("model=deepseek_v3", H100, "hardware.nodes=128", "mesh=dsv3_h100_1024")
+QWEN30_EP16 = ("model=qwen3_30b_a3b", H100, "hardware.nodes=2", "expert_mesh=ep16")
+
+
+def _assess(*overrides: str):
+    cfg = compose_config("stage=plan", *overrides)
+    return cfg, plan.assess(cfg)
+
+
+@pytest.mark.parametrize("overrides,per_param,shard_bytes", [
+    # bf16 weights, fp32 grads, distributed optimizer: 2 + 4 bytes here, 12 bytes sharded (Megatron's 6 + 12/d)
+    ((), 6, 12),
+    # fp32 weights: no separate master copy, 4 + 4 here, Adam's 8 sharded
+    (("precision=fp32",), 8, 8),
+    # precision-aware optimizer with bf16 moments: master 4 + m 2 + v 2
+    (("optimizer.use_precision_aware_optimizer=true", "optimizer.exp_avg_dtype=bf16",
+      "optimizer.exp_avg_sq_dtype=bf16"), 6, 8),
+    # bf16 main grads
+    (("optimizer.main_grads_dtype=bf16",), 4, 12),
+])
+def test_static_memory_is_megatrons_bytes_per_parameter(overrides, per_param, shard_bytes):
+    cfg, a = _assess(*QWEN30_EP16, *overrides)
+    (rank,), (stage,) = a.ranks, a.stages
+    lo = a.layout
+    assert (lo.dp, lo.edp) == (16, 1)
+    assert stage.weights + stage.gradients == rank.total * per_param
+    # dense state sharded over DP x CP = 16, expert state over EDP = 1
+    assert stage.optimizer == pytest.approx(shard_bytes * (rank.dense / 16 + rank.expert / 1))
+
+
+def test_expert_state_shards_over_expert_data_parallel():
+    _, ep16 = _assess(*QWEN30_EP16)
+    _, ep8 = _assess("model=qwen3_30b_a3b", H100, "hardware.nodes=2", "expert_mesh=ep8")
+    assert ep8.layout.edp == 2 and ep8.ranks[0].expert == 2 * ep16.ranks[0].expert
+    # twice the experts per rank, over twice the shards: the same expert optimizer state
+    expert_state = [s.optimizer - 12 * r.dense / 16 for s, r in ((ep16.stages[0], ep16.ranks[0]), (ep8.stages[0], ep8.ranks[0]))]
+    assert expert_state[0] == pytest.approx(expert_state[1])
+
+
+def test_no_distributed_optimizer_keeps_the_whole_state():
+    _, a = _assess(*QWEN30_EP16, "optimizer.use_distributed_optimizer=false")
+    assert a.stages[0].optimizer == 12 * a.ranks[0].total
+
+
+def _megatron_in_flight(pp: int, vpp: int | None, rank: int, m: int) -> int:
+    from megatron.core.pipeline_parallel.schedules import get_pp_rank_microbatches
+
+    group = SimpleNamespace(size=lambda: pp, rank=lambda: rank)
+    comm = SimpleNamespace(pp_group=group, virtual_pipeline_model_parallel_size=vpp)
+    total, _, warmup, _ = get_pp_rank_microbatches(m, vpp or 1, pp, p2p_communicator=comm)[:4]
+    return min(warmup + 1, total)
+
+
+@pytest.mark.parametrize("pp,vpp", [(2, None), (4, None), (8, None), (2, 2), (4, 2), (8, 4)])
+def test_micro_batches_in_flight_follow_megatrons_schedule(pp, vpp):
+    for m in (pp, 2 * pp, 4 * pp) if vpp else (1, pp - 1, pp, 3 * pp):
+        for rank in range(pp):
+            chunks, _ = memory.in_flight_chunks(pp, vpp, rank, m)
+            assert chunks == _megatron_in_flight(pp, vpp, rank, m), (pp, vpp, m, rank)
+
+
+def test_recompute_and_offload_remove_activations_in_the_workflows_order():
+    act = {}
+    for name, extra in {"none": (), "selective": ("recompute=selective",), "full": ("recompute=full",),
+                        "offload": ("offload=fine_grained",)}.items():
+        _, a = _assess(*DSV3, *extra)
+        act[name] = a.peak.activations
+    assert act["none"] > act["selective"] > act["full"]
+    assert act["offload"] < act["none"]
+
+
+def test_full_recompute_keeps_one_hidden_state_per_layer_and_micro_batch():
+    cfg, a = _assess(*DSV3, "recompute=full")
+    est = memory.Estimator(cfg, a.layout, a.arch, a.batch["micro_batches_per_step"], flash=True)
+    stage2 = a.stages[2]  # 8 MoE layers, no embedding, loss or MTP; 35 model-chunk micro-batches in flight
+    assert stage2.in_flight == 35 / 4
+    assert stage2.activations == pytest.approx(8 * est.hidden * 35 / 4 + est.full_moe)  # + one layer recomputed live
+
+
+def test_selective_recompute_drops_exactly_its_terms():
+    cfg, _ = _assess(*DSV3, "recompute=selective")
+    lo_cfg, a = _assess(*DSV3)
+    terms = memory.layer_terms(lo_cfg, a.layout, a.arch, True, flash=True)
+    dropped = {t for m in cfg.recompute.recompute_modules for t in memory.RECOMPUTE_DROPS[m]}
+    est_none = memory.Estimator(lo_cfg, a.layout, a.arch, 16, flash=True)
+    est_sel = memory.Estimator(cfg, a.layout, a.arch, 16, flash=True)
+    assert est_none.moe_layer - est_sel.moe_layer == pytest.approx(sum(terms[t] for t in dropped if t in terms))
+
+
+def test_tensor_parallel_with_sequence_parallel_halves_every_activation():
+    cfg1, tp1 = _assess("model=qwen3_30b_a3b", H100, "expert_mesh=ep8")
+    cfg2, tp2 = _assess("model=qwen3_30b_a3b", H100, "expert_mesh=ep4", "attention_mesh=tp2",
+                        "parallel.sequence_parallel=true", "parallel.expert_tensor_parallel_size=1")
+    one = memory.layer_terms(cfg1, tp1.layout, tp1.arch, True, flash=True)
+    two = memory.layer_terms(cfg2, tp2.layout, tp2.arch, True, flash=True)
+    assert one.keys() == two.keys()
+    for term in one:
+        assert two[term] == pytest.approx(one[term] / 2), term
+    # without sequence parallelism the hidden-state rows are not split
+    cfg3 = dataclasses.replace(cfg2, parallel=dataclasses.replace(cfg2.parallel, sequence_parallel=False))
+    three = memory.layer_terms(cfg3, dataclasses.replace(tp2.layout, sp=False), tp2.arch, True, flash=True)
+    assert three["attn_norm"] == one["attn_norm"] and three["core_attn"] == two["core_attn"]
+
+
+def test_activations_grow_with_micro_batch_and_top_k():
+    _, b1 = _assess(*QWEN30_EP16)
+    _, b2 = _assess(*QWEN30_EP16, "train.micro_batch_size=2")
+    assert b2.stages[0].activations == pytest.approx(2 * b1.stages[0].activations)
+    cfg, a = _assess(*QWEN30_EP16)
+    k8 = memory.layer_terms(cfg, a.layout, a.arch, True, flash=True)
+    cfg4 = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, moe_router_topk=4))
+    from moe_hydra.arch import Arch
+
+    k4 = memory.layer_terms(cfg4, a.layout, Arch.from_model(cfg4.model), True, flash=True)
+    for term in ("expert_fc1", "expert_act_in", "moe_act", "unpermute"):
+        assert k8[term] == pytest.approx(2 * k4[term])
+    assert k8["attn_norm"] == k4["attn_norm"]
+
+
+def test_allowance_is_declared_and_conditional():
+    cfg, a = _assess(*QWEN30_EP16)
+    flex, fa = _assess(*QWEN30_EP16, "dispatcher=deepep")
+    gib = memory.GIB
+    assert memory.allowance(cfg)["flex_dispatcher"] == 0 and memory.allowance(flex)["flex_dispatcher"] == 2 * gib
+    est = a.stages[0].total - a.stages[0].allowance
+    assert a.stages[0].allowance == pytest.approx((0.75 + 1.5) * gib + 0.05 * est)
+    cpu, c = _assess()
+    assert c.stages[0].allowance == 0
+
+
+# ----------------------------------------------------------------------------- plan.json and the CLI
+
+@pytest.mark.slow
+def test_plan_reports_memory_and_fits(cli, tmp_path):
+    r = cli("stage=plan", *QWEN30_EP16)
+    assert r.returncode == 0, r.stderr
+    p = json.loads((tmp_path / "run" / "plan.json").read_text())
+    m = p["memory"]
+    assert p["fits"] is True and m["capacity"] == 80 and m["margin"] == pytest.approx(80 - m["total"], abs=1e-3)
+    parts = m["weights"] + m["gradients"] + m["optimizer"] + m["activations"] + m["allowance"]
+    assert m["total"] == pytest.approx(parts, abs=1e-4)
+    assert set(m["breakdown"]["allowance"]) == {"cuda_context", "nccl", "flex_dispatcher", "cuda_graphs", "fragmentation"}
+    assert "memory / rank" in r.stdout and "fits" in r.stdout
+
+
+@pytest.mark.slow
+def test_a_layout_that_does_not_fit_is_information_for_plan(cli, tmp_path):
+    r = cli("stage=plan", *DSV3)
+    assert r.returncode == 0, r.stderr
+    p = json.loads((tmp_path / "run" / "plan.json").read_text())
+    assert p["fits"] is False and p["memory"]["margin"] < 0
+    steps = [" ".join(s["overrides"]) for s in p["memory_suggestions"]]
+    # the workflow's order: selective -> full recompute -> offload -> more model parallelism
+    assert steps[:3] == ["recompute=selective", "recompute=full", "recompute=full offload=fine_grained"]
+    assert all("parallel." in s for s in steps[3:]) and steps[3:]
+    assert any(s["fits"] for s in p["memory_suggestions"])
+    totals = [s["total_gib"] for s in p["memory_suggestions"][:2]]
+    assert totals[0] > totals[1]
+    assert "next step" in r.stdout
+
+
+@pytest.mark.slow
+def test_run_refuses_a_layout_that_does_not_fit_before_starting(cli, tmp_path):
+    # 20 MiB of "device memory" for the tiny model on this machine
+    r = cli("hardware.memory_gib=0.02")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "[M01]" in r.stderr and "memory.refuse_unfit=false" in r.stderr
+    assert not (tmp_path / "run" / "results.json").exists()
+    assert json.loads((tmp_path / "run" / "violations.json").read_text())["violations"][0]["rule"] == "M01"
+
+
+@pytest.mark.slow
+def test_run_goes_ahead_when_told_to(cli, tmp_path):
+    r = cli("hardware.memory_gib=0.02", "memory.refuse_unfit=false", "contract.window=[2,3]",
+            "contract.warmup_steps=1", "logger=none", timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["fits"] is False
+
+
+@pytest.mark.slow
+def test_recompute_sweep_plans_each_option(cli, tmp_path):
+    r = cli("stage=plan", "model=deepseek_v3", H100, "hardware.nodes=32", "expert_mesh=ep8", "-m",
+            "recompute=none,selective,full")
+    assert r.returncode == 0, r.stderr
+    plans = [json.loads(p.read_text()) for p in sorted((tmp_path / "multi").glob("*/plan.json"))]
+    act = [p["memory"]["activations"] for p in plans]
+    assert len(act) == 3 and act[0] > act[1] > act[2]
+
+
+@pytest.mark.gpu
+def test_tiny_model_peak_memory_matches_the_estimate_on_a_gpu(cli, tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU: compares torch.cuda.max_memory_allocated with the estimate")
+    r = cli("hardware=h100_sxm", "hardware.devices_per_node=1", "kernels.moe_grouped_gemm=false", "logger=none",
+            timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert abs(res["memory_vs_estimate"]["error"]) <= 0.10, res["memory_vs_estimate"]

@@ -61,9 +61,43 @@ def _sweep_context() -> tuple[list[str], str | None]:
 
         mr = OmegaConf.load(multirun)
         task = OmegaConf.to_container(mr.hydra.overrides.task)
-        swept += [o.key_or_group for o in OverridesParser.create().parse_overrides(task) if o.is_sweep_override()]
+        for o in OverridesParser.create().parse_overrides(task):
+            if o.is_sweep_override():
+                swept.append(o.key_or_group)
+                if o.key_or_group == "experiment":  # what the swept experiments set varies too
+                    hydra_overrides = OmegaConf.to_container(mr.hydra.overrides.hydra)
+                    swept += _keys_set_by("experiment", [str(v) for v in o.sweep_string_iterator()],
+                                          task + hydra_overrides)
         swept += [k for k in (OmegaConf.select(mr, "hydra.sweeper.params") or {}) if k not in swept]
     return swept, f"{sweep_dir.parent.name}_{sweep_dir.name}"
+
+
+def _keys_set_by(group: str, options: list[str], overrides: list[str]) -> list[str]:
+    """Dotted keys and groups that the options of ``group`` set (from their YAML files, found in
+    ``conf/`` and any ``hydra.searchpath`` directory): e.g. the layout search's generated experiments."""
+    keys: list[str] = []
+    for option in options:
+        for root in (cli.CONF_DIR, *cli.search_path(overrides)):
+            path = Path(root) / group / f"{option}.yaml"
+            if not path.exists():
+                continue
+            node = OmegaConf.to_container(OmegaConf.load(path))
+            for entry in node.pop("defaults", None) or []:
+                if isinstance(entry, dict):
+                    keys += [k.split("/")[-1] for k in entry]
+            stack = [("", node)]
+            while stack:
+                prefix, sub = stack.pop()
+                for k, v in sub.items():
+                    if k == "hydra":
+                        continue
+                    if isinstance(v, dict):
+                        stack.append((f"{prefix}{k}.", v))
+                    else:
+                        keys.append(f"{prefix}{k}")
+            break
+    # a layout swept by any of its sizes is the layout swept (DP, EDP follow from them)
+    return list(dict.fromkeys("parallel" if k.startswith("parallel.") else k for k in keys))
 
 
 def _tracking(p: dict, swept: list[str], sweep_name: str | None, obj) -> dict:
@@ -210,13 +244,21 @@ def _hydra_app(cfg: DictConfig) -> None:
 
 
 def main() -> None:
+    from moe_hydra import layout_sweeper
+
     register_configs()
     slurm.register()
+    layout_sweeper.register()
     args = cli.normalize(sys.argv[1:])
     site = os.environ.get("MOE_HYDRA_SITE")
     if site:  # a site directory (holding site/default.yaml) joins Hydra's search path
-        at = next((i for i, a in enumerate(args) if "=" in a and not a.startswith("-")), len(args))
-        args.insert(at, f"hydra.searchpath=[file://{Path(site).resolve()}]")  # beside the other overrides
+        entry = f"file://{Path(site).resolve()}"
+        given = next((i for i, a in enumerate(args) if a.startswith("hydra.searchpath=")), None)
+        if given is not None:  # one search path override, holding both
+            args[given] = f"hydra.searchpath=[{entry},{args[given].split('=', 1)[1].strip('[]')}]"
+        else:
+            at = next((i for i, a in enumerate(args) if "=" in a and not a.startswith("-")), len(args))
+            args.insert(at, f"hydra.searchpath=[{entry}]")  # beside the other overrides
     sys.argv[1:] = args
     problems = cli.check_overrides(args)
     if problems:

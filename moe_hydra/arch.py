@@ -68,6 +68,7 @@ class Arch:
     experts: int  # 0 = dense model
     topk: int
     is_moe: tuple[bool, ...]
+    moe_mask: int  # bit i set when layer i is MoE (``(mask & moe_mask).bit_count()`` counts a stage's MoE layers)
     mtp: int
     heads: int
     groups: int
@@ -102,6 +103,7 @@ class Arch:
             experts=experts,
             topk=m.moe_router_topk,
             is_moe=tuple(is_moe),
+            moe_mask=sum(1 << i for i, moe in enumerate(is_moe) if moe),
             mtp=m.mtp_num_layers or 0,
             heads=m.num_attention_heads,
             groups=m.num_query_groups or m.num_attention_heads,

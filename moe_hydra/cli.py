@@ -18,13 +18,23 @@ from moe_hydra.schema import Config
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 
-def groups() -> dict[str, list[str]]:
-    """Config groups under ``conf/`` and their options."""
-    return {
-        d.name: sorted(p.stem for p in d.glob("*.yaml"))
-        for d in sorted(CONF_DIR.iterdir())
-        if d.is_dir()
-    }
+def groups(search_path: list[Path] | tuple[Path, ...] = ()) -> dict[str, list[str]]:
+    """Config groups under ``conf/`` (and the ``search_path`` directories) and their options."""
+    out: dict[str, set[str]] = {}
+    for root in (CONF_DIR, *search_path):
+        for d in sorted(Path(root).iterdir()) if Path(root).is_dir() else ():
+            if d.is_dir():
+                out.setdefault(d.name, set()).update(p.stem for p in d.glob("*.yaml"))
+    return {name: sorted(options) for name, options in sorted(out.items())}
+
+
+def search_path(args: list[str]) -> list[Path]:
+    """The ``file://`` directories of a ``hydra.searchpath=[...]`` override (the layout search writes one)."""
+    for a in args:
+        if a.startswith("hydra.searchpath="):
+            return [Path(p.strip().strip("'\"")[len("file://"):]) for p in a.split("=", 1)[1].strip("[]").split(",")
+                    if p.strip().strip("'\"").startswith("file://")]
+    return []
 
 
 def normalize(args: list[str]) -> list[str]:
@@ -85,7 +95,7 @@ def check_overrides(args: list[str]) -> list[str]:
         overrides = OverridesParser.create().parse_overrides(candidates)
     except Exception:  # noqa: BLE001 - a syntax error is Hydra's to report, with its own message
         return []
-    all_groups = groups()
+    all_groups = groups(search_path(args))
     problems = []
     for o in overrides:
         key = o.key_or_group

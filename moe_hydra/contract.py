@@ -52,8 +52,10 @@ def build(cfg: Any, parallel: dict[str, Any], batch: dict[str, Any], env: dict[s
     """The contract of a composed config; ``parallel`` and ``batch`` as resolved by the plan."""
     contract = {name: dataclasses.asdict(getattr(cfg, name)) for name in SECTIONS}
     contract["parallel"] = {**dataclasses.asdict(cfg.parallel), **parallel}
+    # micro-batches per step follow from the layout (GBS / (MBS x DP)): part of the layout, not the batch
     contract["train"] = {"seq_length": cfg.train.seq_length, "train_iters": cfg.train.train_iters,
-                         "layout_invariant_init": cfg.train.layout_invariant_init, **batch}
+                         "layout_invariant_init": cfg.train.layout_invariant_init,
+                         **{k: v for k, v in batch.items() if k != "micro_batches_per_step"}}
     contract["timing"] = {"warmup_steps": cfg.contract.warmup_steps, "window": list(cfg.contract.window)}
     contract["seed"] = cfg.seed
     contract["software"] = {k: v for k, v in env["versions"].items() if k in SOFTWARE}

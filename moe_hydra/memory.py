@@ -187,14 +187,17 @@ def in_flight_chunks(pp: int, vpp: int | None, pp_rank: int, microbatches: int,
 class Estimator:
     """The estimate for one config; :meth:`stages` evaluates it per pipeline stage."""
 
-    def __init__(self, cfg: Any, lo: Layout, a: Arch, microbatches: int, *, flash: bool):
+    def __init__(self, cfg: Any, lo: Layout, a: Arch, microbatches: int, *, flash: bool,
+                 terms: tuple[dict[str, float], dict[str, float]] | None = None):
+        """``terms``: (dense, MoE) :func:`layer_terms` already computed for this layout (they do not depend
+        on recompute or offload, so the layout search computes them once per layout)."""
         self.cfg, self.lo, self.a, self.microbatches = cfg, lo, a, microbatches
         drop = _dropped(cfg)
-        self.dense_layer = sum(v for k, v in layer_terms(cfg, lo, a, False, flash=flash).items() if k not in drop)
-        self.moe_layer = (sum(v for k, v in layer_terms(cfg, lo, a, True, flash=flash).items() if k not in drop)
-                          if a.experts else 0.0)
-        self.full_dense = sum(layer_terms(cfg, lo, a, False, flash=flash).values())
-        self.full_moe = sum(layer_terms(cfg, lo, a, True, flash=flash).values()) if a.experts else 0.0
+        dense, moe = terms or (layer_terms(cfg, lo, a, False, flash=flash),
+                               layer_terms(cfg, lo, a, True, flash=flash) if a.experts else {})
+        self.full_dense, self.full_moe = sum(dense.values()), sum(moe.values())
+        self.dense_layer = self.full_dense - sum(v for k, v in dense.items() if k in drop)
+        self.moe_layer = self.full_moe - sum(v for k, v in moe.items() if k in drop)
         e = 4 if cfg.precision.params_dtype == "fp32" else 2
         tokens = cfg.train.seq_length * cfg.train.micro_batch_size / lo.cp
         rows = tokens / lo.tp if lo.sp else tokens
@@ -202,25 +205,26 @@ class Estimator:
         # final norm input + output-layer input + fp32 logits of the vocab-parallel cross-entropy
         self.loss = 2 * self.hidden + tokens * a.padded_vocab(lo.tp) / lo.tp * 4
         self.allowance = allowance(cfg)
+        self._fixed_allowance = sum(v for k, v in self.allowance.items() if k != "fragmentation")
 
-    def _static(self, p: RankParams) -> tuple[float, float, float]:
+    def static(self, ranks: list[RankParams]) -> list[tuple[float, float, float]]:
+        """(weights, gradients, optimizer) bytes per stage; recompute and activations do not change them."""
         cfg, lo = self.cfg, self.lo
         o, off = cfg.optimizer, cfg.offload
-        weights = p.total * DTYPE_BYTES[cfg.precision.params_dtype]
-        grads = p.total * DTYPE_BYTES["fp32" if cfg.precision.params_dtype == "fp32" else o.main_grads_dtype]
+        w_bytes = DTYPE_BYTES[cfg.precision.params_dtype]
+        g_bytes = DTYPE_BYTES["fp32" if cfg.precision.params_dtype == "fp32" else o.main_grads_dtype]
         inst = o.num_distributed_optimizer_instances
         dense_shard = max(1, lo.dp * lo.cp // inst) if o.use_distributed_optimizer else 1
         expert_shard = max(1, lo.edp // inst) if o.use_distributed_optimizer else 1
-        state = _state_bytes(cfg) * (p.dense / dense_shard + p.expert / expert_shard)
-        if off.optimizer_cpu_offload:
-            state *= 1 - off.optimizer_offload_fraction
-        return weights, grads, state
+        state = _state_bytes(cfg) * (1 - off.optimizer_offload_fraction if off.optimizer_cpu_offload else 1)
+        return [(p.total * w_bytes, p.total * g_bytes, state * (p.dense / dense_shard + p.expert / expert_shard))
+                for p in ranks]
 
     def _activations(self, r: RankLayers) -> tuple[float, float]:
         a, rc = self.a, self.cfg.recompute
         chunks, vpp = in_flight_chunks(self.lo.pp, self.lo.vpp, r.pp_rank, self.microbatches,
                                        self.cfg.overlap.overlap_moe_expert_parallel_comm)
-        n_moe = sum(a.is_moe[i] for i in r.layers)
+        n_moe = (r.mask & a.moe_mask).bit_count()
         n_dense = len(r.layers) - n_moe
         mtp_layer = (self.moe_layer if a.mtp_is_moe else self.dense_layer) if r.mtp else 0.0
         per_mb = n_dense * self.dense_layer + n_moe * self.moe_layer + r.mtp * (mtp_layer + 4 * self.hidden)
@@ -243,17 +247,38 @@ class Estimator:
             act += self.loss * (1 + r.mtp)  # the last stage runs each micro-batch's backward at once
         return act, stage_mbs
 
-    def stages(self, split: list[RankLayers], ranks: list[RankParams]) -> list[StageMemory]:
+    def stages(self, split: tuple[RankLayers, ...], ranks: list[RankParams],
+               static: list[tuple[float, float, float]] | None = None) -> list[StageMemory]:
         out = []
-        for r, p in zip(split, ranks):
-            weights, grads, opt = self._static(p)
+        for r, (weights, grads, opt) in zip(split, static or self.static(ranks)):
             act, mbs = self._activations(r)
             out.append(StageMemory(r.pp_rank, weights, grads, opt, act, mbs, self.allowance_total(weights + grads + opt + act)))
         return out
 
+    def peak(self, split: tuple[RankLayers, ...], static: list[tuple[float, float, float]],
+             candidates: list[int] | None = None) -> float:
+        """The most-loaded stage's total. ``candidates``: the stages that can be it (:func:`peak_candidates`)."""
+        best = 0.0
+        for i in candidates if candidates is not None else range(len(split)):
+            act, _ = self._activations(split[i])
+            est = sum(static[i]) + act
+            best = max(best, est + self.allowance_total(est))
+        return best
+
     def allowance_total(self, estimated: float) -> float:
-        fixed = sum(v for k, v in self.allowance.items() if k != "fragmentation")
-        return fixed + self.allowance["fragmentation"] * estimated
+        return self._fixed_allowance + self.allowance["fragmentation"] * estimated
+
+
+def peak_candidates(a: Arch, split: tuple[RankLayers, ...], ranks: list[RankParams]) -> list[int]:
+    """The stages that can be the most loaded: among stages holding the same layers and parameters, the
+    lowest pipeline rank holds the most micro-batches in flight, so only it needs evaluating."""
+    seen, out = set(), []
+    for i, (r, p) in enumerate(zip(split, ranks)):
+        key = (len(r.layers), (r.mask & a.moe_mask).bit_count(), r.loss, r.mtp, p.total)
+        if key not in seen:
+            seen.add(key)
+            out.append(i)
+    return out
 
 
 def allowance(cfg: Any) -> dict[str, float]:
@@ -268,7 +293,7 @@ def allowance(cfg: Any) -> dict[str, float]:
     }
 
 
-def estimate(cfg: Any, lo: Layout, a: Arch, split: list[RankLayers], ranks: list[RankParams],
+def estimate(cfg: Any, lo: Layout, a: Arch, split: tuple[RankLayers, ...], ranks: list[RankParams],
              microbatches: int) -> list[StageMemory]:
     """Per pipeline stage, the memory of one of its ranks."""
     flash = cfg.hardware.arch != "cpu"  # GPUs run fused/flash attention; the CPU path stores the probabilities

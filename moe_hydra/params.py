@@ -18,6 +18,7 @@ Pure: standard library only.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from moe_hydra.arch import Arch
 from moe_hydra.layout import Layout
@@ -44,6 +45,7 @@ class _Counter:
     def __init__(self, a: Arch, tp: int, etp: int, local_experts: int, te_spec: bool = True):
         self.a, self.tp, self.etp, self.local_experts = a, tp, etp, local_experts
         self.down = 1 if te_spec else tp  # MLA down-projection shards
+        self._layers: dict[bool, tuple[int, int]] = {}
         self.norm = 1 if a.rmsnorm else 2  # RMSNorm: weight; LayerNorm: weight + bias
 
     def attention(self) -> int:
@@ -81,6 +83,11 @@ class _Counter:
 
     def layer(self, moe: bool) -> tuple[int, int]:
         """(dense, expert) parameters of one decoder layer on this rank."""
+        if moe not in self._layers:
+            self._layers[moe] = self._layer(moe)
+        return self._layers[moe]
+
+    def _layer(self, moe: bool) -> tuple[int, int]:
         a = self.a
         dense = self.attention() + 2 * a.h * self.norm
         if not moe:
@@ -98,10 +105,11 @@ class _Counter:
 
     def rank(self, r: RankLayers, pp: int) -> RankParams:
         a = self.a
-        dense = expert = 0
-        for i in r.layers:
-            d, e = self.layer(a.is_moe[i])
-            dense, expert = dense + d, expert + e
+        n_moe = (r.mask & a.moe_mask).bit_count()
+        dd, de = self.layer(False)
+        md, me = self.layer(True) if a.experts else (0, 0)
+        n_dense = len(r.layers) - n_moe
+        dense, expert = n_dense * dd + n_moe * md, n_dense * de + n_moe * me
         for _ in range(r.mtp):
             d, e = self.mtp_block()
             dense, expert = dense + d, expert + e
@@ -131,7 +139,7 @@ def active_params(a: Arch) -> int:
     return _whole_model(a, a.topk if a.experts else 0)
 
 
-def stages(a: Arch, layout: Layout, parallel) -> list[RankLayers]:
+def stages(a: Arch, layout: Layout, parallel) -> tuple[RankLayers, ...]:
     """What each pipeline rank holds; ``parallel`` is the config's node, for the split fields."""
     return assign(
         a.num_layers,
@@ -147,11 +155,16 @@ def stages(a: Arch, layout: Layout, parallel) -> list[RankLayers]:
 
 
 def params_per_rank(a: Arch, layout: Layout, parallel, *, te_spec: bool = True,
-                    split: list[RankLayers] | None = None) -> list[RankParams]:
+                    split: tuple[RankLayers, ...] | None = None) -> list[RankParams]:
     """Parameters on one rank of each pipeline stage (all TP/EP ranks of a stage hold the same).
 
     ``parallel`` is the config's ``parallel`` node, for the pipeline split fields (or pass ``split``,
     the output of :func:`stages`); ``te_spec``: the layer spec the job builds (see the module doc).
     """
-    counter = _Counter(a, layout.tp, layout.etp, a.experts // layout.ep if a.experts else 0, te_spec)
+    counter = _counter(a, layout.tp, layout.etp, a.experts // layout.ep if a.experts else 0, te_spec)
     return [counter.rank(s, layout.pp) for s in (split or stages(a, layout, parallel))]
+
+
+@lru_cache(maxsize=1024)
+def _counter(a: Arch, tp: int, etp: int, local_experts: int, te_spec: bool) -> _Counter:
+    return _Counter(a, tp, etp, local_experts, te_spec)

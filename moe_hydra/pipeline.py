@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 _GROUP = re.compile(r"\(([^()]*)\)\s*\*\s*(\d+)")
 _CHAR = re.compile(r"([EtmL])\s*\*\s*(\d+)")
@@ -22,6 +23,11 @@ _ALLOWED = set("EtmL|")
 
 def expand_layout(layout: str) -> list[str]:
     """``"Et|(tt|)*30mL"`` -> ``["Et", "tt", ..., "mL"]`` (one string per virtual stage)."""
+    return list(_expand(layout))
+
+
+@lru_cache(maxsize=1024)
+def _expand(layout: str) -> tuple[str, ...]:
     text = layout.replace(" ", "")
     while True:
         new = _GROUP.sub(lambda m: m.group(1) * int(m.group(2)), text)
@@ -35,7 +41,7 @@ def expand_layout(layout: str) -> list[str]:
             f"pipeline layout {layout!r}: unknown symbols {sorted(bad)} "
             "(E embedding, t layer, m MTP, L loss, | stage boundary, (...)*n repeat)"
         )
-    return text.split("|")
+    return tuple(text.split("|"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +53,7 @@ class RankLayers:
     embedding: bool
     loss: bool
     mtp: int
+    mask: int = 0  # the layers as bits (bit i = layer i)
 
 
 def _even(total: int, parts: int, what: str) -> int:
@@ -94,6 +101,7 @@ def virtual_stage_sizes(
     return sizes
 
 
+@lru_cache(maxsize=4096)
 def assign(
     num_layers: int,
     mtp: int,
@@ -104,8 +112,9 @@ def assign(
     last: int | None = None,
     account_embedding: bool = False,
     account_loss: bool = False,
-) -> list[RankLayers]:
-    """Per pipeline rank: its decoder layers, and whether it holds embedding, loss, MTP."""
+) -> tuple[RankLayers, ...]:
+    """Per pipeline rank: its decoder layers, and whether it holds embedding, loss, MTP (cached: the layout
+    search asks for the same splits many times; the result is immutable)."""
     if layout is not None:
         stages = expand_layout(layout)
         if len(stages) % pp:
@@ -127,4 +136,5 @@ def assign(
         r["embedding"] |= emb
         r["loss"] |= loss
         r["mtp"] += m
-    return [RankLayers(i, tuple(r["layers"]), r["embedding"], r["loss"], r["mtp"]) for i, r in enumerate(ranks)]
+    return tuple(RankLayers(i, tuple(r["layers"]), r["embedding"], r["loss"], r["mtp"], sum(1 << j for j in r["layers"]))
+                 for i, r in enumerate(ranks))

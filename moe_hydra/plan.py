@@ -90,9 +90,9 @@ def assess(cfg: Any, mcore: McoreFacts | None = None, arch: Arch | None = None) 
     Raises:
         rules.LayoutError: listing every rule the config breaks.
     """
-    rules.validate(cfg, mcore=mcore or mcore_facts())
-    lo = Layout.from_config(cfg)
+    rules.validate(cfg, mcore=mcore or mcore_facts(), arch=arch)  # reports a malformed model first
     a = arch or Arch.from_model(cfg.model)
+    lo = Layout.from_config(cfg)
     split = params.stages(a, lo, cfg.parallel)
     ranks = params.params_per_rank(a, lo, cfg.parallel, te_spec=te_spec(cfg), split=split)
     batch = batch_of(cfg, lo)
@@ -245,12 +245,12 @@ def make_plan(cfg: Any, swept: list[str] | None = None, env: dict[str, Any] | No
     }
 
 
-def write_json(data: dict[str, Any], path: Path) -> None:
-    """Write ``data`` atomically (a reader never sees half a file)."""
+def write_json(data: dict[str, Any], path: Path, indent: int | None = 2) -> None:
+    """Write ``data`` atomically (a reader never sees half a file); ``indent=None`` for large files."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2, default=str)
+        json.dump(data, f, indent=indent, default=str, separators=None if indent else (",", ":"))
         f.write("\n")
     os.replace(tmp, path)
 

@@ -24,6 +24,7 @@ _BASE_RECOMPUTE = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "m
 _BASE_OFFLOAD = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act")
 
 
+@functools.lru_cache(maxsize=64)
 def _key(version: str) -> tuple[int, int, int]:
     nums = [int(x) for x in re.findall(r"\d+", version)[:3]]
     return tuple(nums + [0] * (3 - len(nums)))  # type: ignore[return-value]

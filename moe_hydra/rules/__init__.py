@@ -27,19 +27,24 @@ from moe_hydra.versions import McoreFacts, mcore_facts
 __all__ = ["RULES", "LayoutError", "Violation", "check", "validate"]
 
 
-def check(cfg: Any, mcore: McoreFacts | None = None) -> list[Violation]:
-    """Every violation of ``cfg`` (a composed config as objects, e.g. ``OmegaConf.to_object``)."""
-    try:
-        arch = Arch.from_model(cfg.model)
-    except ValueError:
-        arch = None
+def check(cfg: Any, mcore: McoreFacts | None = None, arch: Arch | None = None,
+          reads: tuple[str, ...] | None = None) -> list[Violation]:
+    """Every violation of ``cfg`` (a composed config as objects, e.g. ``OmegaConf.to_object``).
+
+    ``arch``: the model's :class:`Arch` when the caller has it. ``reads``: only the rules that read
+    these (``fixed``, ``mesh``, ``pipeline``; see :func:`~moe_hydra.rules.base.rule`); None checks all."""
+    if arch is None:
+        try:
+            arch = Arch.from_model(cfg.model)
+        except ValueError:
+            arch = None
     ctx = Ctx(cfg, Layout.from_config(cfg), arch, mcore or mcore_facts())
-    return [v for r in RULES for v in r(ctx)]
+    return [v for r in RULES if reads is None or r.reads in reads for v in r(ctx)]
 
 
-def validate(cfg: Any, subject: str | None = None, mcore: McoreFacts | None = None) -> None:
+def validate(cfg: Any, subject: str | None = None, mcore: McoreFacts | None = None, arch: Arch | None = None) -> None:
     """Raise :class:`LayoutError` listing every violation, if there are any."""
-    violations = check(cfg, mcore)
+    violations = check(cfg, mcore, arch)
     if violations:
         lo = Layout.from_config(cfg)
         raise LayoutError(violations, subject or f"{cfg.model.name} on {lo.world_size} x {cfg.hardware.name}")

@@ -87,9 +87,22 @@ Rule = Callable[[Ctx], Iterator[Violation]]
 RULES: list[Rule] = []
 
 
-def rule(fn: Rule) -> Rule:
-    RULES.append(fn)
-    return fn
+def rule(fn: Rule | None = None, *, reads: str = "mesh"):
+    """Register a rule. ``reads`` says what of a layout it reads, so the layout search checks each rule
+    as rarely as it can:
+
+    - ``fixed``: nothing the search varies (once per search);
+    - ``mesh``: the parallel sizes and the micro batch (once per mesh);
+    - ``pipeline``: PP, VPP, the pipeline split and the batch (DP, micro batch), nothing else of the mesh;
+    - ``recompute``: PP, VPP, the split, EP and the recompute settings (once per recompute level the
+      search tries)."""
+
+    def register(f: Rule) -> Rule:
+        f.reads = reads
+        RULES.append(f)
+        return f
+
+    return register(fn) if fn is not None else register
 
 
 def V(rule_id: str, message: str, fix: str, **fields: Any) -> Violation:

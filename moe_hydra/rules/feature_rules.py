@@ -55,7 +55,7 @@ def l37_l45_dispatcher(c: Ctx):
 
 # --------------------------------------------------------------------------- routing (L47-L49)
 
-@rule
+@rule(reads="fixed")
 def l47_l49_routing(c: Ctx):
     m = c.m
     if not m.num_moe_experts:
@@ -81,7 +81,7 @@ def l47_l49_routing(c: Ctx):
 
 # --------------------------------------------------------------------------- recompute, offload (L50-L56)
 
-@rule
+@rule(reads="recompute")
 def l50_l54_recompute(c: Ctx):
     r = c.cfg.recompute
     gran, method, n, mods = r.recompute_granularity, r.recompute_method, r.recompute_num_layers, r.recompute_modules
@@ -122,7 +122,7 @@ def l50_l54_recompute(c: Ctx):
                 precision__fp8_recipe="delayed", recompute__recompute_modules=list(mods))
 
 
-@rule
+@rule(reads="fixed")
 def l56_offload(c: Ctx):
     o = c.cfg.offload
     if not o.fine_grained_activation_offloading:
@@ -142,7 +142,7 @@ def l56_offload(c: Ctx):
 
 # --------------------------------------------------------------------------- CUDA graphs (L57-L61)
 
-@rule
+@rule(reads="fixed")
 def l57_l61_cuda_graphs(c: Ctx):
     k, r = c.cfg.kernels, c.cfg.routing
     impl, scope = k.cuda_graph_impl, set(k.cuda_graph_scope)
@@ -173,7 +173,7 @@ def l57_l61_cuda_graphs(c: Ctx):
 
 # --------------------------------------------------------------------------- EP overlap (L64-L73)
 
-@rule
+@rule(reads="recompute")
 def l65_l73_ep_overlap(c: Ctx):
     o, lo = c.cfg.overlap, c.layout
     if o.delay_wgrad_compute and not o.overlap_moe_expert_parallel_comm:
@@ -220,7 +220,7 @@ PRECISION_ARCH = {
 }
 
 
-@rule
+@rule(reads="fixed")
 def p01_precision_hardware(c: Ctx):
     pr, arch = c.cfg.precision, c.cfg.hardware.arch
     if pr.fp8 is not None and pr.fp8_recipe is None:

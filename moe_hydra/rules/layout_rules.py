@@ -41,7 +41,7 @@ def _get(cfg: Any, path: str) -> Any:
     return cfg
 
 
-@rule
+@rule(reads="fixed")
 def s01_choices(c: Ctx):
     for path, allowed in _CHOICES.items():
         value = _get(c.cfg, path)
@@ -91,7 +91,7 @@ def l01_l02_world(c: Ctx):
                 parallel__pipeline_model_parallel_size=lo.pp)
 
 
-@rule
+@rule(reads="pipeline")
 def l04_vpp_needs_pp(c: Ctx):
     vpp = c.p.virtual_pipeline_model_parallel_size
     if vpp is not None and (vpp < 1 or c.layout.pp == 1):
@@ -170,7 +170,7 @@ def l34_bias_needs_etp1(c: Ctx):
 
 # --------------------------------------------------------------------------- pipeline (L14-L20)
 
-@rule
+@rule(reads="pipeline")
 def l14_l20_pipeline_split(c: Ctx):
     p, lo = c.p, c.layout
     if c.arch is None or lo.pp < 1:
@@ -242,7 +242,7 @@ def l14_l20_pipeline_split(c: Ctx):
                 parallel__virtual_pipeline_model_parallel_size=vpp)
 
 
-@rule
+@rule(reads="pipeline")
 def l18_interleave_p2p(c: Ctx):
     vpp, pp = c.p.virtual_pipeline_model_parallel_size, c.layout.pp
     interleaved = vpp is not None or c.p.pipeline_model_parallel_layout is not None
@@ -325,7 +325,7 @@ def l30_global_batch(c: Ctx):
                 train__global_batch_size=gbs, train__micro_batch_size=mbs)
 
 
-@rule
+@rule(reads="pipeline")
 def b01_interleaved_microbatches(c: Ctx):
     """Megatron's interleaved schedule runs micro-batches in groups of PP per virtual stage
     (microbatch_group_size_per_vp_stage): fewer than PP, or a last group of 1..PP-1, is refused at the first step."""
@@ -342,14 +342,14 @@ def b01_interleaved_microbatches(c: Ctx):
                 train__global_batch_size=t.global_batch_size, parallel__pipeline_model_parallel_size=lo.pp)
 
 
-@rule
+@rule(reads="fixed")
 def l31_grouped_gemm(c: Ctx):
     if c.cfg.kernels.moe_grouped_gemm and c.cfg.hardware.arch == "cpu":
         yield V("L31", "grouped-GEMM experts need a GPU with compute capability >= 8",
                 "kernels.moe_grouped_gemm=false", kernels__moe_grouped_gemm=True, hardware__arch="cpu")
 
 
-@rule
+@rule(reads="fixed")
 def l32_l33_distributed_optimizer(c: Ctx):
     o, dist = c.cfg.overlap, c.cfg.optimizer.use_distributed_optimizer
     if o.overlap_param_gather and not (dist and o.overlap_grad_reduce):

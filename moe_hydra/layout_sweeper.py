@@ -119,7 +119,7 @@ class LayoutSweeperImpl(Sweeper):
         if ranked:
             report["ready_to_run"] = write_sweep(sweep_dir, ranked[: self.table_rows], base)
             console.print(f"ready-to-run sweep of the top {min(len(ranked), self.table_rows)}: "
-                          f"{report['ready_to_run']['script']}")
+                          f"{report['ready_to_run']['script']}", markup=False)
         plan.write_json(report, sweep_dir / "layouts.json", indent=None)
         log.info("layouts written to %s (%d candidates, %d ranked, search %.2f s)", sweep_dir / "layouts.json",
                  report["counts"]["candidates"], len(ranked), seconds)
@@ -157,8 +157,9 @@ class LayoutSweeperImpl(Sweeper):
             table["validate"] = {"layout": best["layout"], "command": _command(validate)}
             tie = [a["layout"] for a in table["arms"] if a["tie_with_best"] and a is not best]
             console.print(f"validate {best['layout']} with a {self.validate_steps}-step run"
-                          + (f" (tied within noise with {', '.join(tie)}; the analytic ranking broke the tie)" if tie else "")
-                          + f":\n  {table['validate']['command']}")
+                          + (f" (within the noise of {', '.join(tie)}: of the tied layouts, the one the analytic "
+                             "ranking puts first)" if tie else "")
+                          + f":\n  {table['validate']['command']}", markup=False)
         (sweep_dir / "screening.md").write_text(screening_markdown(table))
         return table
 

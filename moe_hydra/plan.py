@@ -105,8 +105,17 @@ def te_spec(cfg: Any) -> bool:
     return cfg.hardware.arch != "cpu"
 
 
-# The workflow's order when a layout does not fit: recompute, then offload, then more model parallelism.
-_MEMORY_STEPS = (["recompute=selective"], ["recompute=full"], ["recompute=full", "offload=fine_grained"])
+def selective_recompute(a: Arch) -> list[str]:
+    """Overrides for selective recompute of this model: the ``selective`` preset, plus ``mla_up_proj``
+    for MLA models (the preset's own note; the layout search uses the same)."""
+    if not a.mla:
+        return ["recompute=selective"]
+    return ["recompute=selective", "recompute.recompute_modules=[core_attn,layernorm,moe_act,mla_up_proj]"]
+
+
+def _memory_steps(a: Arch) -> list[list[str]]:
+    """The workflow's order when a layout does not fit: recompute, then offload (then more model parallelism)."""
+    return [selective_recompute(a), ["recompute=full"], ["recompute=full", "offload=fine_grained"]]
 
 
 def _preset(group: str, name: str, node: Any) -> Any:
@@ -120,11 +129,16 @@ def _preset(group: str, name: str, node: Any) -> Any:
 
 
 def _apply(cfg: Any, overrides: list[str]) -> Any:
+    """``cfg`` with overrides of the forms the suggestions and the search write: ``group=option``,
+    ``section.field=<int | true | false | [a,b]>``."""
     for o in overrides:
         key, value = o.split("=", 1)
-        if "." in key:  # parallel.<field>=<int | true>
+        if "." in key:
             section, field = key.split(".")
-            typed = value == "true" if value in ("true", "false") else int(value)
+            if value.startswith("["):
+                typed: Any = [v.strip() for v in value.strip("[]").split(",") if v.strip()]
+            else:
+                typed = value == "true" if value in ("true", "false") else int(value)
             cfg = replace(cfg, **{section: replace(getattr(cfg, section), **{field: typed})})
         else:
             cfg = replace(cfg, **{key: _preset(key, value, getattr(cfg, key))})
@@ -140,15 +154,16 @@ def _more_parallelism(cfg: Any, lo: Layout, a: Arch) -> list[list[str]]:
         out.append([f"parallel.pipeline_model_parallel_size={2 * lo.pp}"])
     out.append([f"parallel.tensor_model_parallel_size={2 * lo.tp}"]
                + ([] if lo.sp or not a.experts else ["parallel.sequence_parallel=true"]))
-    return [["recompute=selective", *o] for o in out]
+    return [[*selective_recompute(a), *o] for o in out]
 
 
 def suggestions(cfg: Any, assessed: Assessment, mcore: McoreFacts) -> list[dict[str, Any]]:
     """The workflow's next steps for a layout that does not fit, each estimated; illegal ones left out."""
     out = []
-    steps = [*_MEMORY_STEPS, *_more_parallelism(cfg, assessed.layout, assessed.arch)]
+    a = assessed.arch
+    steps = [*_memory_steps(a), *_more_parallelism(cfg, assessed.layout, a)]
     for overrides in steps:
-        if cfg.recompute.name == "selective" and overrides[0] == "recompute=selective" and len(overrides) == 1:
+        if cfg.recompute.name == "selective" and overrides == selective_recompute(a):
             continue
         try:
             alt = _apply(cfg, overrides)
@@ -276,9 +291,11 @@ def _memory_rows(t, plan: dict[str, Any]) -> None:
     else:
         verdict = "[green]yes[/]" if fits else "[bold red]no[/]"
         t.add_row("fits", f"{verdict}: {m['total']:.1f} of {m['capacity']} GiB, margin {m['margin']:.1f} GiB")
+    from rich.markup import escape
+
     for s in plan["memory_suggestions"]:
         mark = "fits" if s["fits"] else "does not fit"
-        t.add_row("next step", f"{' '.join(s['overrides'])}: {s['total_gib']:.1f} GiB ({mark})")
+        t.add_row("next step", escape(f"{' '.join(s['overrides'])}: {s['total_gib']:.1f} GiB ({mark})"))
 
 
 def render(plan: dict[str, Any]):

@@ -290,10 +290,12 @@ class Search:
         return Result(c, [], name, round(peak, 3), fits, self._terms(cfg, lo, ranks, m, name))
 
     def _preset_level(self, level: str, node: Any) -> Any:
-        rc = plan._preset("recompute", level, node)
-        if level == "selective" and self.arch.mla:  # the preset's own note: add mla_up_proj for MLA models
-            rc = replace(rc, recompute_modules=[*rc.recompute_modules, "mla_up_proj"])
-        return rc
+        """A rung of the recompute ladder as stage=plan's suggestions apply it (selective: MLA-aware)."""
+        overrides = plan.selective_recompute(self.arch) if level == "selective" else [f"recompute={level}"]
+        return plan._apply(replace(self.cfg, recompute=node), overrides).recompute
+
+    def _level_overrides(self, level: str) -> list[str]:
+        return plan.selective_recompute(self.arch) if level == "selective" else [f"recompute={level}"]
 
     def _recompute_violations(self, c: Candidate, level: str) -> list:
         key = (c.pp, c.vpp, c.split, c.ep, level)
@@ -354,10 +356,7 @@ class Search:
         and the search's fixed global batch."""
         out = r.candidate.overrides() + [f"train.global_batch_size={self.cfg.train.global_batch_size}"]
         if r.recompute and r.recompute != self.base_name:
-            rc = self.recompute[r.recompute]
-            out.append(f"recompute={r.recompute}")
-            if rc.recompute_modules and rc.recompute_modules != plan._preset("recompute", r.recompute, rc).recompute_modules:
-                out.append(f"recompute.recompute_modules=[{','.join(rc.recompute_modules)}]")
+            out += self._level_overrides(r.recompute)
         return out
 
     def report(self, results: list[Result], seconds: float) -> dict[str, Any]:

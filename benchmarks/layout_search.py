@@ -1,0 +1,72 @@
+"""Wall time of the whole layout search for DeepSeek-V3 on 1024 H100s (no screening).
+
+Each measurement runs in a fresh process (no caches carried over), alternating, median of --runs:
+
+    baseline   enumerate every candidate and run the legality rules on each (rules.check): the least
+               any exhaustive search over the legal space must do
+    search     Search(cfg).run(): enumerate -> rules -> parameters -> memory (least recompute that fits)
+               -> step-time terms -> rank
+
+    python benchmarks/layout_search.py [--runs 5] [--model deepseek_v3] [--nodes 128]
+
+Goal: the search under 1 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CODE = """
+import dataclasses, sys, time
+sys.path[:0] = [{root!r}, {tests!r}]
+from conftest import compose_config
+from moe_hydra import rules, search
+from moe_hydra.arch import Arch
+from moe_hydra.versions import mcore_facts
+cfg = compose_config("stage=plan", "model={model}", "hardware=h100_sxm", "hardware.nodes={nodes}")
+t = time.perf_counter()
+if {baseline}:
+    mcore, arch = mcore_facts(), Arch.from_model(cfg.model)
+    n = 0
+    for c in search.enumerate_layouts(cfg):
+        rules.check(dataclasses.replace(cfg, parallel=c.parallel(cfg.parallel)), mcore, arch)
+        n += 1
+else:
+    n = len(search.Search(cfg).run())
+print(n, time.perf_counter() - t)
+"""
+
+
+def _run(baseline: bool, model: str, nodes: int) -> tuple[int, float]:
+    code = CODE.format(root=str(ROOT), tests=str(ROOT / "tests"), model=model, nodes=nodes, baseline=baseline)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    return int(out[0]), float(out[1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--model", default="deepseek_v3")
+    ap.add_argument("--nodes", type=int, default=128)
+    args = ap.parse_args()
+    base, full = [], []
+    for _ in range(args.runs):
+        n, t = _run(True, args.model, args.nodes)
+        base.append(t)
+        n, t = _run(False, args.model, args.nodes)
+        full.append(t)
+    b, f = statistics.median(base), statistics.median(full)
+    print(f"{args.model} on {args.nodes * 8} x H100: {n} candidate layouts, median of {args.runs} fresh processes")
+    print(f"  baseline (rules only) : {b:.3f} s")
+    print(f"  search                : {f:.3f} s  ({f / b:.2f}x the baseline)")
+    print(f"goal: the search under 1 s: {'met' if f < 1 else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -107,9 +107,9 @@ def _notes(cfg: Any, plan: dict[str, Any], built_te: bool) -> list[str]:
         notes.append("the fake process group refuses the flex dispatcher (L74): built with alltoall, "
                      "which holds the same parameters")
     if not built_te and plan["layer_spec"] == "transformer_engine":
-        notes.append("built with the local layer spec (Transformer Engine is not installed here); the plan's "
-                     "counts assume the Transformer Engine spec the GPUs run, which differs only for MLA "
-                     "(replicated q/kv down-projections)")
+        notes.append("built with the local layer spec (Transformer Engine is not installed here) and compared with "
+                     "the estimator for that spec; the plan counts the Transformer Engine spec the GPUs run, the same "
+                     "but for MLA's q/kv down-projections, which it replicates over TP")
     return notes
 
 
@@ -153,9 +153,9 @@ def _build_rank(spec: dict[str, Any], rank: int) -> dict[str, Any]:
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from moe_hydra.job import _Job
+    from moe_hydra.job import Job
 
-    job = _Job(cfg, plan)
+    job = Job(cfg, plan)
     job.shims = compat.apply()
     job.on_gpu, job.with_te = False, compat.te_available()
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
@@ -163,15 +163,15 @@ def _build_rank(spec: dict[str, Any], rank: int) -> dict[str, Any]:
     try:
         from megatron.core import parallel_state as ps
 
-        job._init_model_parallel(create_gloo_process_groups=False)
+        job.init_model_parallel(create_gloo_process_groups=False)
         out.update(pp_rank=ps.get_pipeline_model_parallel_rank(), tp_rank=ps.get_tensor_model_parallel_rank(),
                    ep_rank=ps.get_expert_model_parallel_rank())
-        tcfg = job._transformer_config()
+        tcfg = job.transformer_config()
         tcfg.use_cpu_initialization, tcfg.perform_initialization = True, False
         if tcfg.multi_latent_attention and not job.with_te:
             _mla_without_te()
         with torch.device("meta"):
-            chunks = job._build_model(tcfg)
+            chunks = job.build_model(tcfg)
     except Exception as e:  # what Megatron-Core refuses for this layout
         traceback.print_exc()  # into this rank's log
         out["refused"] = f"{type(e).__name__}: {e}"

@@ -52,7 +52,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any] | None:
     _warnings_to_file(out_dir / "ranks" / f"warnings.rank{rank}.log")
     results = None
     try:
-        results = _Job(cfg, spec["plan"], spec.get("env")).run(out_dir)
+        results = Job(cfg, spec["plan"], spec.get("env")).run(out_dir)
         return results
     except BaseException as e:
         if rank == 0:
@@ -79,7 +79,11 @@ def _warnings_to_file(path: Path) -> None:
     logging.captureWarnings(True)
 
 
-class _Job:
+class Job:
+    """One rank of the job: :meth:`run` trains and measures. ``stage=fit`` (moe_hydra.fit) reuses the setup
+    steps — :meth:`init_model_parallel`, :meth:`transformer_config`, :meth:`build_model` — on a fake
+    process group."""
+
     def __init__(self, cfg: Config, plan: dict[str, Any], env_snapshot: dict[str, Any] | None = None):
         self.cfg, self.plan, self.env_snapshot = cfg, plan, env_snapshot
 
@@ -104,9 +108,9 @@ class _Job:
             dist.init_process_group("nccl" if self.on_gpu else "gloo")
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.device = torch.device("cuda", self.local_rank) if self.on_gpu else torch.device("cpu")
-        self._init_model_parallel()
+        self.init_model_parallel()
 
-    def _init_model_parallel(self, **extra) -> None:
+    def init_model_parallel(self, **extra) -> None:
         """Both meshes' process groups (``extra``: e.g. ``create_gloo_process_groups=False`` for stage=fit)."""
         from megatron.core import parallel_state as ps
 
@@ -124,7 +128,7 @@ class _Job:
             **extra,
         )
 
-    def _transformer_config(self):
+    def transformer_config(self):
         import torch
         from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
@@ -142,7 +146,7 @@ class _Job:
                              f"that this config sets: {dropped}")
         return cls(**{k: v for k, v in kw.items() if k in known})
 
-    def _build_model(self, tcfg):
+    def build_model(self, tcfg):
         import torch
         from megatron.core import parallel_state as ps
         from megatron.core.models.gpt import GPTModel
@@ -197,7 +201,7 @@ class _Job:
             chunks.append(model)
         return chunks
 
-    def _wrap_and_optimizer(self, tcfg, chunks):
+    def wrap_and_optimizer(self, tcfg, chunks):
         import torch
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -277,9 +281,9 @@ class _Job:
 
             # the planner's snapshot (taken on this machine), plus what only a process with torch can see
             write_json({**(self.env_snapshot or env.snapshot()), "runtime": env.runtime()}, out_dir / "env.json")
-        tcfg = self._transformer_config()
-        chunks = self._build_model(tcfg)
-        model, optimizer = self._wrap_and_optimizer(tcfg, chunks)
+        tcfg = self.transformer_config()
+        chunks = self.build_model(tcfg)
+        model, optimizer = self.wrap_and_optimizer(tcfg, chunks)
         cfg, plan = self.cfg, self.plan
         t, contract = cfg.train, cfg.contract
         dp = ps.get_data_parallel_world_size()

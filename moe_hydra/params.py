@@ -134,6 +134,11 @@ def total_params(a: Arch) -> int:
     return _whole_model(a, a.experts)
 
 
+def routed_expert_params(a: Arch) -> int:
+    """Every routed expert's parameters (MTP's included), unsharded."""
+    return total_params(a) - _whole_model(a, 0) if a.experts else 0
+
+
 def active_params(a: Arch) -> int:
     """Parameters one token passes through: top-k routed experts instead of all (both embeddings)."""
     return _whole_model(a, a.topk if a.experts else 0)

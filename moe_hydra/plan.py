@@ -66,7 +66,7 @@ class Assessment:
 
     layout: Layout
     arch: Arch
-    split: list[RankLayers]
+    split: tuple[RankLayers, ...]
     ranks: list[params.RankParams]
     stages: list[memory.StageMemory]
     batch: dict[str, int]
@@ -118,7 +118,7 @@ def _memory_steps(a: Arch) -> list[list[str]]:
     return [selective_recompute(a), ["recompute=full"], ["recompute=full", "offload=fine_grained"]]
 
 
-def _preset(group: str, name: str, node: Any) -> Any:
+def preset(group: str, name: str, node: Any) -> Any:
     """``conf/<group>/<name>.yaml`` applied over ``node`` (the suggestions use the presets users type)."""
     from omegaconf import OmegaConf
 
@@ -128,7 +128,7 @@ def _preset(group: str, name: str, node: Any) -> Any:
     return OmegaConf.to_object(merged)
 
 
-def _apply(cfg: Any, overrides: list[str]) -> Any:
+def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
     """``cfg`` with overrides of the forms the suggestions and the search write: ``group=option``,
     ``section.field=<int | true | false | [a,b]>``."""
     for o in overrides:
@@ -141,7 +141,7 @@ def _apply(cfg: Any, overrides: list[str]) -> Any:
                 typed = value == "true" if value in ("true", "false") else int(value)
             cfg = replace(cfg, **{section: replace(getattr(cfg, section), **{field: typed})})
         else:
-            cfg = replace(cfg, **{key: _preset(key, value, getattr(cfg, key))})
+            cfg = replace(cfg, **{key: preset(key, value, getattr(cfg, key))})
     return cfg
 
 
@@ -166,7 +166,7 @@ def suggestions(cfg: Any, assessed: Assessment, mcore: McoreFacts) -> list[dict[
         if cfg.recompute.name == "selective" and overrides == selective_recompute(a):
             continue
         try:
-            alt = _apply(cfg, overrides)
+            alt = apply_overrides(cfg, overrides)
             est = assess(alt, mcore, assessed.arch)
         except (rules.LayoutError, ValueError):
             continue

@@ -211,7 +211,7 @@ class Search:
         self.cap = cfg.hardware.memory_gib
         self.cap_bytes = None if self.cap is None else self.cap * memory.GIB
         total = params.total_params(self.arch)
-        self.expert_total = total - params._whole_model(self.arch, 0) if self.arch.experts else 0
+        self.expert_total = params.routed_expert_params(self.arch)
         self.dense_total = total - self.expert_total
         wdt = cfg.precision.params_dtype
         self.state_bytes = memory.DTYPE_BYTES[wdt] + memory.DTYPE_BYTES["fp32" if wdt == "fp32" else cfg.optimizer.main_grads_dtype]
@@ -292,7 +292,7 @@ class Search:
     def _preset_level(self, level: str, node: Any) -> Any:
         """A rung of the recompute ladder as stage=plan's suggestions apply it (selective: MLA-aware)."""
         overrides = plan.selective_recompute(self.arch) if level == "selective" else [f"recompute={level}"]
-        return plan._apply(replace(self.cfg, recompute=node), overrides).recompute
+        return plan.apply_overrides(replace(self.cfg, recompute=node), overrides).recompute
 
     def _level_overrides(self, level: str) -> list[str]:
         return plan.selective_recompute(self.arch) if level == "selective" else [f"recompute={level}"]

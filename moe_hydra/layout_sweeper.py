@@ -23,6 +23,7 @@ import logging
 import math
 import shlex
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 
 # What screening arms differ in, left out of their contract hash (moe_hydra.contract).
 SEARCHED = ["mesh", "recompute", "train.micro_batch_size"]
+LAYOUT_GROUPS = ("attention_mesh", "expert_mesh", "mesh")
 
 
 @dataclass
@@ -95,12 +97,17 @@ class LayoutSweeperImpl(Sweeper):
     def sweep(self, arguments: list[str]) -> Any:
         from moe_hydra.app import record_outcome
 
-        sweeps = [o.input_line for o in OverridesParser.create().parse_overrides(arguments) if o.is_sweep_override()]
+        parsed = OverridesParser.create().parse_overrides(arguments)
+        sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
         if sweeps:
             record_outcome("layout search", "INVALID")
             print(f"moe_hydra: hydra/sweeper=layout searches the layout; it does not also sweep {', '.join(sweeps)} "
-                  "(run one search per value)", flush=True)
+                  "(run one search per value)", file=sys.stderr, flush=True)
             return []
+        replaced = [o.input_line for o in parsed
+                    if o.key_or_group in LAYOUT_GROUPS or o.key_or_group.startswith("parallel.")]
+        if replaced:
+            print(f"moe_hydra: the search chooses the layout; it replaces {' '.join(replaced)}", file=sys.stderr, flush=True)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         with open_dict(self.config):
@@ -125,7 +132,8 @@ class LayoutSweeperImpl(Sweeper):
                  report["counts"]["candidates"], len(ranked), seconds)
         if not ranked:
             record_outcome("layout search", "INVALID")
-            print("moe_hydra: no legal layout fits; see layouts.json for why (first_violation, memory_gib)", flush=True)
+            print("moe_hydra: no legal layout fits; see layouts.json for why (first_violation, memory_gib)",
+                  file=sys.stderr, flush=True)
             return []
         if cfg.stage is not Stage.run or self.top_k <= 0:
             record_outcome("layout search", "PLANNED")
@@ -216,7 +224,7 @@ def write_sweep(sweep_dir: Path, ranked: list[dict], base: list[str]) -> dict:
     names = []
     for c in ranked:
         name = f"layout_{c['rank']:02d}"
-        lines = [f"# @package _global_", f"# rank {c['rank']} of the layout search: {c['layout']}, "
+        lines = ["# @package _global_", f"# rank {c['rank']} of the layout search: {c['layout']}, "
                  f"{c['recompute']} recompute, {c['memory_gib']} GiB, predicted step {c['step_time_s']:.3f} s"]
         tree: dict = {}
         for o in c["overrides"]:

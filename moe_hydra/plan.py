@@ -279,12 +279,16 @@ def _si(n: float, billion: str = "B") -> str:
 
 def _memory_rows(t, plan: dict[str, Any]) -> None:
     m = plan["memory"]
-    parts = (f"weights {m['weights']:.1f} + gradients {m['gradients']:.1f} + optimizer {m['optimizer']:.1f} + "
-             f"activations {m['activations']:.1f} ({m['breakdown']['in_flight_microbatches']:g} micro-batches in flight)"
-             f" + allowance {m['allowance']:.1f}")
-    t.add_row("memory / rank", f"{m['total']:.2f} GiB on pipeline rank {m['most_loaded_pp_rank']} (the most loaded): {parts}")
+    unit, scale = ("GiB", 1) if m["total"] >= 1 else ("MiB", 1024)  # the tiny model's few MiB stay readable
+    flight = m["breakdown"]["in_flight_microbatches"]
+    parts = (f"weights {m['weights'] * scale:.1f} + gradients {m['gradients'] * scale:.1f} + optimizer "
+             f"{m['optimizer'] * scale:.1f} + activations {m['activations'] * scale:.1f} "
+             f"({flight:g} micro-batch{'' if flight == 1 else 'es'} in flight) + allowance {m['allowance'] * scale:.1f}")
+    t.add_row("memory / rank", f"{m['total'] * scale:.2f} {unit} on pipeline rank {m['most_loaded_pp_rank']} "
+              f"(the most loaded): {parts}")
     if len(m["per_stage"]) > 1:
-        t.add_row("memory per stage", ", ".join(f"{s['pp_rank']}: {s['total']:.1f}" for s in m["per_stage"]) + " GiB")
+        t.add_row("memory per stage", ", ".join(f"{s['pp_rank']}: {s['total'] * scale:.1f}" for s in m["per_stage"])
+                  + f" {unit}")
     fits = plan["fits"]
     if fits is None:
         t.add_row("fits", "unknown: the hardware declares no device memory (hardware.memory_gib)")

@@ -48,6 +48,7 @@ Pure: standard library only.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, replace
 from typing import Any, Iterator
@@ -196,8 +197,6 @@ class Search:
         levels = RECOMPUTE_LEVELS[RECOMPUTE_LEVELS.index(name):] if name in RECOMPUTE_LEVELS else (name,)
         self.recompute = {level: cfg.recompute if level == name else self._preset_level(level, cfg.recompute)
                           for level in levels}
-        import copy
-
         self.work = copy.deepcopy(self.cfg)
         self.base_recompute, self.base_name = self.work.recompute, cfg.recompute.name
         self.fixed_violations = rules.check(self.cfg, self.mcore, self.arch, reads=("fixed",))
@@ -214,7 +213,8 @@ class Search:
         self.expert_total = params.routed_expert_params(self.arch)
         self.dense_total = total - self.expert_total
         wdt = cfg.precision.params_dtype
-        self.state_bytes = memory.DTYPE_BYTES[wdt] + memory.DTYPE_BYTES["fp32" if wdt == "fp32" else cfg.optimizer.main_grads_dtype]
+        grads = "fp32" if wdt == "fp32" else cfg.optimizer.main_grads_dtype
+        self.state_bytes = memory.DTYPE_BYTES[wdt] + memory.DTYPE_BYTES[grads]  # weights + gradients per parameter
         hw = cfg.hardware
         peak, _ = metrics.peak_tflops(hw, cfg.precision)
         self.flops_s = (peak or NOMINAL_TFLOPS) * 1e12

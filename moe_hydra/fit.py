@@ -13,7 +13,7 @@ Ranks built: the first rank of the first and of the last pipeline stage, and of 
 estimate finds most loaded.
 
 ``fit.json``: ``ranks`` (per built rank: rank, pp_rank, built and estimated params, agree, seconds,
-chunks, refused), ``agree``, ``layer_spec`` (built), ``notes``.
+peak_rss_gib, chunks, refused), ``agree``, ``layer_spec`` (built), ``notes``.
 
 The parent side (:func:`run`) is pure Python; torch and megatron load only in the rank processes.
 """
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -118,15 +119,15 @@ def render(report: dict[str, Any]):
 
     t = Table(title=f"fit: {report['layout']} on {report['world_size']} ranks, fake process group, "
                     f"{report['layer_spec']} spec", title_justify="left")
-    for col in ("rank", "PP rank", "chunks", "built (Megatron-Core)", "estimate (moe_hydra)", "", "s"):
-        t.add_column(col, justify="right")
+    for col in ("rank", "PP", "params built", "estimated", "", "s", "RSS GiB"):
+        t.add_column(col, justify="right", no_wrap=True, min_width=13 if col in ("params built", "estimated") else None)
     for r in report["ranks"]:
         if r.get("refused"):
-            t.add_row(str(r["rank"]), str(r.get("pp_rank", "?")), "", "", "", "[red]refused[/]", "")
+            t.add_row(str(r["rank"]), str(r.get("pp_rank", "?")), "", "", "[red]refused[/]", "", "")
             continue
-        t.add_row(str(r["rank"]), str(r["pp_rank"]), str(r["chunks"]), f"{r['built']['total']:,}",
+        t.add_row(str(r["rank"]), str(r["pp_rank"]), f"{r['built']['total']:,}",
                   f"{r['estimate']['total']:,}", "[green]agree[/]" if r["agree"] else "[bold red]MISMATCH[/]",
-                  f"{r['seconds']:.1f}")
+                  f"{r['seconds']:.1f}", f"{r['peak_rss_gib']:.2f}")
     return t
 
 
@@ -187,7 +188,8 @@ def _build_rank(spec: dict[str, Any], rank: int) -> dict[str, Any]:
             else:
                 dense += p.numel()
     out.update(built={"dense": dense, "expert": expert, "total": dense + expert}, chunks=len(chunks),
-               seconds=time.perf_counter() - t0)
+               seconds=time.perf_counter() - t0,
+               peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)  # KiB on Linux
     return out
 
 

@@ -36,7 +36,7 @@ from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from moe_hydra import plan, search, stats, sweep
-from moe_hydra.schema import Config, Stage
+from moe_hydra.schema import Config, Stage, typed
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +65,6 @@ class LayoutSweeperConf:
 
 def register() -> None:
     ConfigStore.instance().store(group="hydra/sweeper", name="layout", node=LayoutSweeperConf, provider="moe_hydra")
-
-
-def job_config(cfg: DictConfig) -> Config:
-    """A composed config (with its ``hydra`` node) as moe_hydra's typed objects."""
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config),
-                                               OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])))
 
 
 class LayoutSweeperImpl(Sweeper):
@@ -113,7 +107,7 @@ class LayoutSweeperImpl(Sweeper):
         with open_dict(self.config):
             self.config.hydra.sweeper.params = {key: "searched" for key in SEARCHED}
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
-        cfg = job_config(self.hydra_context.config_loader.load_sweep_config(self.config, list(arguments)))
+        cfg = typed(self.hydra_context.config_loader.load_sweep_config(self.config, list(arguments)))
         t0 = time.perf_counter()
         s = search.Search(cfg, self.micro_batch_sizes)
         results = s.run()

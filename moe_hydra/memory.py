@@ -22,7 +22,7 @@ named terms so recompute and offload remove exactly the terms they remove in Meg
 
     attn_norm      Th x h             input of the attention norm
     qkv_linear     Th x h             its output, the QKV (MLA: down-projection) input    [layernorm]
-    mla_down       T x (q_lora + 2 kv_lora + rope)   MLA latents, their norms' outputs
+    mla_down       T x (2 q_lora + 2 kv_lora + rope) MLA latents and their norms' outputs
     mla_up_proj    T x heads (2 qk + rope + v) / TP   MLA up-projection outputs        [mla_up_proj]
     core_attn      T x (q + 2 kv) / TP                q, k (after RoPE), v              [mla_up_proj]
     core_attn_internal  flash: T x heads / TP fp32 (softmax statistics); unfused (CPU): the

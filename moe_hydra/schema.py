@@ -374,6 +374,14 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 
 
+def typed(cfg: Any) -> Config:
+    """A composed config (a DictConfig, its ``hydra`` node left out) as these dataclasses."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config),
+                                               OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])))
+
+
 def register_configs() -> None:
     """Register the root schema as ``base_config``; ``conf/config.yaml`` extends it."""
     from hydra.core.config_store import ConfigStore

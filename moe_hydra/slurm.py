@@ -33,7 +33,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLaunche
 from omegaconf import OmegaConf, open_dict
 
 from moe_hydra import sweep
-from moe_hydra.schema import Config, Stage
+from moe_hydra.schema import Stage, typed
 
 log = logging.getLogger("moe_hydra")
 
@@ -130,8 +130,7 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
                 p.logs = earlier.get(num, {}).get("logs", [])
                 log.info("\t#%d : %s -> kept (complete results.json)", num, " ".join(p.overrides))
                 continue
-            job_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config),
-                                                          OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])))
+            job_cfg = typed(cfg)
             violations = plan.run_violations(job_cfg) if job_cfg.stage is Stage.run else rules.check(job_cfg)
             if violations:
                 refusal = rules.LayoutError(violations, " ".join(p.overrides))

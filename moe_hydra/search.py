@@ -21,9 +21,12 @@ step (M = micro-batches per step, rows = s b / CP, / TP with sequence parallelis
               (world x peak), or the weights streamed from HBM for each micro-batch (12 B per parameter:
               read forward, read for the data gradient, fp32 main-grad read + write), whichever is slower
               (recompute: full +1/3, a second forward; selective + the recomputed attention's forward)
-    ep        4 x (MoE layers/rank) x M x rows x top-k x h x 2 B x (EP-1)/EP (dispatch + combine, forward +
-              backward); the share of peers outside the NVLink domain over the scale-out NIC, the rest
-              over NVLink (half the declared bidirectional bandwidth)
+    ep        4 x (MoE layers/rank) x M x rows x h x 2 B per token copy (dispatch + combine, forward +
+              backward): top-k x (EP-1)/EP copies, those to peers inside the NVLink domain over NVLink (half
+              the declared bidirectional bandwidth), those to other nodes over the scale-out NIC — with the
+              flex dispatchers (DeepEP, HybridEP) one copy per other node reached (uniform routing, or the
+              routing groups' node limit) instead of one per expert; with
+              overlap_moe_expert_parallel_comm only what another micro-batch's compute cannot hide
     etp       4 x (MoE layers/rank) x M x rows x top-k x h x 2 B x (ETP-1): tokens gathered to and
               scattered from the expert-TP group
     tp        8 x (layers/rank) x M x (s b / CP) x h x 2 B x (TP-1)/TP (all-gather / reduce-scatter pairs)
@@ -39,9 +42,9 @@ step (M = micro-batches per step, rows = s b / CP, / TP with sequence parallelis
 Candidates are ranked with the workflow's priorities (workflow.md §5.1) as they apply to every
 layout — CP only once the sequence reaches 8K, ETP 1 before expert-tensor parallelism — and then by
 step time; ties break on less model parallelism, EP x ETP inside the NVLink domain, fewer chunks,
-the larger micro batch. The model leaves out kernel efficiency beyond the roofline, communication
-overlap other than the gradient reduce, routing imbalance and network contention: use it to choose
-what to screen, then measure (screening, compare).
+the larger micro batch. The model leaves out kernel efficiency beyond the roofline, overlap other than
+the gradient reduce and the EP all-to-all (as configured), routing imbalance and network contention:
+use it to choose what to screen, then measure (screening, compare).
 
 Pure: standard library only.
 """
@@ -207,6 +210,7 @@ class Search:
         self.pipeline_violations: dict[tuple, list] = {}
         self.recompute_rule_cache: dict[tuple, list] = {}
         self.te_spec, self.flash = plan.te_spec(cfg), cfg.hardware.arch != "cpu"
+        self.flex = cfg.dispatcher.moe_token_dispatcher_type == "flex"
         self.cap = cfg.hardware.memory_gib
         self.cap_bytes = None if self.cap is None else self.cap * memory.GIB
         total = params.total_params(self.arch)
@@ -304,6 +308,23 @@ class Search:
             self.recompute_rule_cache[key] = rules.check(self.work, self.mcore, self.arch, reads=("recompute",))
         return self.recompute_rule_cache[key]
 
+    def _remote_copies(self, lo: Layout) -> float:
+        """Copies of each token that cross the scale-out network in the all-to-all. The alltoall and
+        allgather dispatchers send one per routed expert on another node; the flex dispatchers
+        (DeepEP, HybridEP) one per other node routed to, forwarding inside the node over NVLink. Routing
+        is taken as uniform, or limited to ``moe_router_group_topk`` groups when the groups fall on nodes."""
+        a, group = self.arch, lo.ep * lo.etp
+        nodes = math.ceil(group / self.domain)
+        if nodes <= 1:
+            return 0.0
+        if self.flex:
+            reached = nodes * (1 - (1 - 1 / nodes) ** a.topk)
+            groups, group_topk = self.cfg.model.moe_router_num_groups, self.cfg.model.moe_router_group_topk
+            if groups and group_topk and groups % nodes == 0:
+                reached = min(reached, group_topk)  # node-limited routing
+            return reached * (nodes - 1) / nodes
+        return a.topk * (lo.ep - 1) / lo.ep * (1 - self.domain / group)
+
     def _terms(self, cfg: Any, lo: Layout, ranks: list[params.RankParams], m: int, recompute: str) -> dict[str, float]:
         a, s, b = self.arch, cfg.train.seq_length, cfg.train.micro_batch_size
         world, domain, nvl, out = self.world, self.domain, self.nvlink, self.scaleout
@@ -321,9 +342,12 @@ class Search:
         moe_layers = (a.n_moe + (a.mtp if a.mtp_is_moe else 0)) / lo.pp
         ep = 0.0
         if lo.ep > 1:
-            volume = 4 * moe_layers * m * rows * a.topk * a.h * 2 * (lo.ep - 1) / lo.ep
+            per_copy = 4 * moe_layers * m * rows * a.h * 2  # one token copy: dispatch + combine, forward + backward
             inside = min(1.0, domain / (lo.ep * lo.etp))
-            ep = volume * inside / nvl + volume * (1 - inside) / out
+            ep = per_copy * a.topk * (lo.ep - 1) / lo.ep * inside / nvl
+            ep += per_copy * self._remote_copies(lo) / out
+            if cfg.overlap.overlap_moe_expert_parallel_comm:  # hidden under another micro-batch's compute
+                ep = max(0.0, ep - compute)
         etp = 0.0
         if lo.etp > 1:  # tokens all-gathered to and reduce-scattered from the expert-TP group, fwd + bwd
             etp = (4 * moe_layers * m * rows * a.topk * a.h * 2 * (lo.etp - 1)

@@ -12,6 +12,7 @@ import pytest
 
 from moe_hydra import plan, rules, search
 from moe_hydra.arch import Arch
+from moe_hydra.layout import Layout
 from moe_hydra.versions import mcore_facts
 from tests.conftest import compose_config, run_cli
 
@@ -96,6 +97,25 @@ def test_step_model_terms_follow_the_topology():
     assert across.terms["ep"] > 4 * inside.terms["ep"]
     pp = s.evaluate(search.Candidate(1, 1, 2, None, 8, 1, 1, "even"))
     assert pp.terms["bubble"] > 0 == inside.terms["bubble"]
+
+
+def test_flex_dispatch_and_ep_overlap_shrink_the_cross_node_all_to_all():
+    def search_for(*overrides):
+        return search.Search(compose_config("stage=plan", "model=deepseek_v3", H100, "hardware.nodes=128", *overrides))
+
+    def ep_term(*overrides):
+        s = search_for(*overrides)
+        return s.evaluate(search.Candidate(2, 1, 8, 4, 64, 1, 1, search.pipeline_split(s.arch, 8, 4))).terms
+
+    ep64 = Layout(1024, 2, 1, 8, 4, 64, 1, True)
+    # EP64 spans 8 nodes: top-8 routing sends 8 x 63/64 x (1 - 8/64) copies of a token off-node with the alltoall
+    # dispatcher; DeepEP one per other node reached: 4 routing groups, one per node, 3.5 of them elsewhere
+    assert search_for()._remote_copies(ep64) == pytest.approx(8 * 63 / 64 * 7 / 8)
+    assert search_for("dispatcher=deepep")._remote_copies(ep64) == pytest.approx(4 * 7 / 8)
+    alltoall, deepep = ep_term(), ep_term("dispatcher=deepep")
+    assert deepep["ep"] < alltoall["ep"]
+    overlapped = ep_term("dispatcher=deepep", "overlap.overlap_moe_expert_parallel_comm=true")
+    assert overlapped["ep"] == pytest.approx(max(0.0, deepep["ep"] - deepep["compute"]))
 
 
 @pytest.mark.parametrize("model,nodes,mesh", [

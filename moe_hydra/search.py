@@ -171,7 +171,8 @@ class Result:
         c = self.candidate
         lo = Layout(world, c.tp, c.cp, c.pp, c.vpp, c.ep, c.etp, c.tp > 1)
         row = {"rank": self.rank, "layout": lo.describe(), "micro_batch_size": c.mbs,
-               "legal": None if self.pruned else self.legal, "fits": self.fits, "memory_gib": self.memory_gib,
+               "legal": None if self.pruned else self.legal, "fits": self.fits,
+               "memory_gib": None if self.memory_gib is None else round(self.memory_gib, 3),
                "recompute": self.recompute}
         if self.violations:
             row.update(violations=sorted({v[1:v.index("]")] for v in self.violations}),
@@ -211,6 +212,7 @@ class Search:
         self.recompute_rule_cache: dict[tuple, list] = {}
         self.te_spec, self.flash = plan.te_spec(cfg), cfg.hardware.arch != "cpu"
         self.flex = cfg.dispatcher.moe_token_dispatcher_type == "flex"
+        self.remote_copies: dict[tuple[int, int], float] = {}
         self.cap = cfg.hardware.memory_gib
         self.cap_bytes = None if self.cap is None else self.cap * memory.GIB
         total = params.total_params(self.arch)
@@ -237,7 +239,7 @@ class Search:
         if self.cap is not None:  # weights + gradients of an average rank: a lower bound on the most loaded one
             floor = self.state_bytes * (self.dense_total / (c.tp * c.pp) + self.expert_total / (c.ep * c.etp * c.pp))
             if floor > self.cap_bytes:
-                return Result(c, [], None, round(floor / memory.GIB, 3), False, pruned=True)
+                return Result(c, [], None, floor / memory.GIB, False, pruned=True)
         cfg, p = self.work, self.work.parallel  # private copies, set in place: thousands of layouts per second
         (p.tensor_model_parallel_size, p.context_parallel_size, p.pipeline_model_parallel_size,
          p.virtual_pipeline_model_parallel_size, p.expert_model_parallel_size, p.expert_tensor_parallel_size) = (
@@ -291,7 +293,7 @@ class Search:
                 break
             if max(map(sum, static)) / memory.GIB > cap:  # the states alone: no recompute helps
                 break
-        return Result(c, [], name, round(peak, 3), fits, self._terms(cfg, lo, ranks, m, name))
+        return Result(c, [], name, peak, fits, self._terms(cfg, lo, ranks, m, name))
 
     def _preset_level(self, level: str, node: Any) -> Any:
         """A rung of the recompute ladder as stage=plan's suggestions apply it (selective: MLA-aware)."""
@@ -313,6 +315,12 @@ class Search:
         allgather dispatchers send one per routed expert on another node; the flex dispatchers
         (DeepEP, HybridEP) one per other node routed to, forwarding inside the node over NVLink. Routing
         is taken as uniform, or limited to ``moe_router_group_topk`` groups when the groups fall on nodes."""
+        key = (lo.ep, lo.etp)
+        if key not in self.remote_copies:
+            self.remote_copies[key] = self._count_remote_copies(lo)
+        return self.remote_copies[key]
+
+    def _count_remote_copies(self, lo: Layout) -> float:
         a, group = self.arch, lo.ep * lo.etp
         nodes = math.ceil(group / self.domain)
         if nodes <= 1:
@@ -356,8 +364,8 @@ class Search:
         cp = (3 * layers * m * (lo.cp - 1) * seq_rows * 2 * a.kv_width * 2 / lo.tp
               / (nvl if lo.tp * lo.cp <= domain else out))
         dp_bw = nvl if world <= domain else out
-        dense_dp = lo.dp * lo.cp
-        dp = (worst.dense * 6 * (dense_dp - 1) / dense_dp + worst.expert * 6 * (lo.edp - 1) / lo.edp) / dp_bw
+        dense_dp, edp = world // (lo.tp * lo.pp), world // (lo.ep * lo.etp * lo.pp)  # DP x CP, EDP
+        dp = (worst.dense * 6 * (dense_dp - 1) / dense_dp + worst.expert * 6 * (edp - 1) / edp) / dp_bw
         if cfg.overlap.overlap_grad_reduce:  # bucketed reduce-scatter under the backward pass (2/3 of compute)
             dp = max(dp / (m * (lo.vpp or 1)), dp - 2 / 3 * compute)
         vpp = lo.vpp or 1

@@ -178,8 +178,8 @@ def suggestions(cfg: Any, assessed: Assessment, mcore: McoreFacts) -> list[dict[
 
 
 def unfit(cfg: Any, p: dict[str, Any]) -> Violation | None:
-    """The refusal stage=run gives a plan (or its ``memory``, ``fits``, ``memory_suggestions``) that
-    does not fit, unless ``memory.refuse_unfit=false``."""
+    """The refusal stage=run gives a plan (or its :func:`memory_verdict`) that does not fit, unless
+    ``memory.refuse_unfit=false``."""
     if p["fits"] is not False or not cfg.memory.refuse_unfit:
         return None
     m = p["memory"]
@@ -199,11 +199,16 @@ def run_violations(cfg: Any) -> list[Violation]:
         assessed = assess(cfg, mcore)
     except rules.LayoutError as e:
         return e.violations
+    v = unfit(cfg, memory_verdict(cfg, assessed, mcore))
+    return [v] if v else []
+
+
+def memory_verdict(cfg: Any, assessed: Assessment, mcore: McoreFacts) -> dict[str, Any]:
+    """The plan's ``memory``, ``fits`` and ``memory_suggestions``."""
     mem = memory.summary(cfg, assessed.stages, assessed.ranks)
     fits = memory.fits(mem)
-    p = {"memory": mem, "fits": fits, "memory_suggestions": suggestions(cfg, assessed, mcore) if fits is False else []}
-    v = unfit(cfg, p)
-    return [v] if v else []
+    return {"memory": mem, "fits": fits,
+            "memory_suggestions": suggestions(cfg, assessed, mcore) if fits is False else []}
 
 
 def make_plan(cfg: Any, swept: list[str] | None = None, env: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -221,8 +226,6 @@ def make_plan(cfg: Any, swept: list[str] | None = None, env: dict[str, Any] | No
     seq = cfg.train.seq_length
     fl = flops.flops_per_token(arch, seq, lo.tp)
     label, reasons = contract.label(cfg)
-    mem = memory.summary(cfg, assessed.stages, per_stage)
-    fits = memory.fits(mem)
     env = env or env_snapshot()
     the_contract = contract.build(cfg, lo.to_megatron(), batch, env)
     return {
@@ -247,9 +250,7 @@ def make_plan(cfg: Any, swept: list[str] | None = None, env: dict[str, Any] | No
         "flops_breakdown": asdict(fl),
         "batch": batch,
         "layer_spec": "transformer_engine" if te_spec(cfg) else "local",
-        "memory": mem,
-        "fits": fits,
-        "memory_suggestions": suggestions(cfg, assessed, mcore) if fits is False else [],
+        **memory_verdict(cfg, assessed, mcore),
         "label": label,
         "label_reasons": reasons,
         **contract.hashes(the_contract, list(swept or [])),

@@ -79,33 +79,36 @@ class Candidate:
     mbs: int
     split: str  # "even" | "account" | a pipeline_model_parallel_layout string
 
+    def fields(self) -> dict[str, Any]:
+        """This layout as ``parallel`` fields (the one mapping the config copy, the overrides and the search's
+        in-place evaluation share)."""
+        string = self.split not in ("even", "account")
+        return {
+            "tensor_model_parallel_size": self.tp, "context_parallel_size": self.cp,
+            "pipeline_model_parallel_size": self.pp, "virtual_pipeline_model_parallel_size": self.vpp,
+            "pipeline_model_parallel_layout": self.split if string else None,
+            "account_for_embedding_in_pipeline_split": self.split == "account",
+            "account_for_loss_in_pipeline_split": self.split == "account",
+            "sequence_parallel": self.tp > 1,
+            "expert_model_parallel_size": self.ep, "expert_tensor_parallel_size": self.etp,
+        }
+
     def parallel(self, base: Any) -> Any:
         """``base`` (a ParallelConfig) set to this layout."""
-        return replace(
-            base, tensor_model_parallel_size=self.tp, context_parallel_size=self.cp,
-            pipeline_model_parallel_size=self.pp, virtual_pipeline_model_parallel_size=self.vpp,
-            expert_model_parallel_size=self.ep, expert_tensor_parallel_size=self.etp,
-            sequence_parallel=self.tp > 1,
-            pipeline_model_parallel_layout=None if self.split in ("even", "account") else self.split,
-            account_for_embedding_in_pipeline_split=self.split == "account",
-            account_for_loss_in_pipeline_split=self.split == "account",
-            num_layers_in_first_pipeline_stage=None, num_layers_in_last_pipeline_stage=None)
+        return replace(base, **self.fields(), num_layers_in_first_pipeline_stage=None,
+                       num_layers_in_last_pipeline_stage=None)
 
     def overrides(self) -> list[str]:
         """The command-line overrides that select this layout."""
-        layout = "null" if self.split in ("even", "account") else f"'{self.split}'"
-        account = str(self.split == "account").lower()
-        return [
-            f"parallel.tensor_model_parallel_size={self.tp}", f"parallel.context_parallel_size={self.cp}",
-            f"parallel.pipeline_model_parallel_size={self.pp}",
-            f"parallel.virtual_pipeline_model_parallel_size={self.vpp if self.vpp else 'null'}",
-            f"parallel.pipeline_model_parallel_layout={layout}",
-            f"parallel.account_for_embedding_in_pipeline_split={account}",
-            f"parallel.account_for_loss_in_pipeline_split={account}",
-            f"parallel.sequence_parallel={str(self.tp > 1).lower()}",
-            f"parallel.expert_model_parallel_size={self.ep}", f"parallel.expert_tensor_parallel_size={self.etp}",
-            f"train.micro_batch_size={self.mbs}",
-        ]
+
+        def value(v: Any) -> str:
+            if v is None:
+                return "null"
+            if isinstance(v, bool):
+                return str(v).lower()
+            return f"'{v}'" if isinstance(v, str) else str(v)
+
+        return [f"parallel.{k}={value(v)}" for k, v in self.fields().items()] + [f"train.micro_batch_size={self.mbs}"]
 
     def describe(self) -> str:
         vpp = f" VPP{self.vpp}" if self.vpp else ""
@@ -202,6 +205,9 @@ class Search:
         self.recompute = {level: cfg.recompute if level == name else self._preset_level(level, cfg.recompute)
                           for level in levels}
         self.work = copy.deepcopy(self.cfg)
+        # the candidates' splits replace uneven first/last stages, as Candidate.parallel does
+        self.work.parallel.num_layers_in_first_pipeline_stage = None
+        self.work.parallel.num_layers_in_last_pipeline_stage = None
         self.base_recompute, self.base_name = self.work.recompute, cfg.recompute.name
         self.fixed_violations = rules.check(self.cfg, self.mcore, self.arch, reads=("fixed",))
         self.mesh_violations: dict[tuple, list] = {}
@@ -241,12 +247,8 @@ class Search:
             if floor > self.cap_bytes:
                 return Result(c, [], None, floor / memory.GIB, False, pruned=True)
         cfg, p = self.work, self.work.parallel  # private copies, set in place: thousands of layouts per second
-        (p.tensor_model_parallel_size, p.context_parallel_size, p.pipeline_model_parallel_size,
-         p.virtual_pipeline_model_parallel_size, p.expert_model_parallel_size, p.expert_tensor_parallel_size) = (
-            c.tp, c.cp, c.pp, c.vpp, c.ep, c.etp)
-        p.sequence_parallel = c.tp > 1
-        p.pipeline_model_parallel_layout = None if c.split in ("even", "account") else c.split
-        p.account_for_embedding_in_pipeline_split = p.account_for_loss_in_pipeline_split = c.split == "account"
+        for field, value in c.fields().items():
+            setattr(p, field, value)
         cfg.train.micro_batch_size = c.mbs
         cfg.recompute = self.base_recompute
         mesh = (c.tp, c.cp, c.pp, c.ep, c.etp, c.mbs)
@@ -297,8 +299,7 @@ class Search:
 
     def _preset_level(self, level: str, node: Any) -> Any:
         """A rung of the recompute ladder as stage=plan's suggestions apply it (selective: MLA-aware)."""
-        overrides = plan.selective_recompute(self.arch) if level == "selective" else [f"recompute={level}"]
-        return plan.apply_overrides(replace(self.cfg, recompute=node), overrides).recompute
+        return plan.apply_overrides(replace(self.cfg, recompute=node), self._level_overrides(level)).recompute
 
     def _level_overrides(self, level: str) -> list[str]:
         return plan.selective_recompute(self.arch) if level == "selective" else [f"recompute={level}"]

@@ -20,9 +20,7 @@ The screening's results land in ``layouts.json`` (``screening``) and ``screening
 from __future__ import annotations
 
 import logging
-import math
 import shlex
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -36,6 +34,7 @@ from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from moe_hydra import plan, search, stats, sweep
+from moe_hydra.compare import Run
 from moe_hydra.schema import Config, Stage, typed
 
 log = logging.getLogger(__name__)
@@ -170,8 +169,7 @@ def _arm(candidate: dict, res: dict | None, job_dir: Path) -> dict:
     arm = {"layout": candidate["layout"], "predicted_rank": candidate["rank"], "overrides": candidate["overrides"],
            "predicted_step_s": candidate["step_time_s"], "dir": str(job_dir), "status": "ok" if res else "failed"}
     if res:
-        first, last = res["window"]
-        arm["samples_ms"] = [t for step, t in enumerate(res["step_times_ms"], 1) if first <= step <= last]
+        arm["samples_ms"] = Run(job_dir, res).window_steps
         arm["tokens_per_s_per_gpu"] = res.get("tokens_per_s_per_gpu")
     return arm
 
@@ -179,14 +177,10 @@ def _arm(candidate: dict, res: dict | None, job_dir: Path) -> dict:
 def rank_measured(arms: list[dict], noise: float) -> dict:
     """Measured steady step time per arm, a 95 % t-interval of its mean, ranks, and ties with the fastest
     (Welch, with ``noise`` as the floor: one run per arm cannot tell differences below it)."""
-    from scipy import stats as st
-
     measured = [a for a in arms if len(a.get("samples_ms") or []) >= 2]
     for a in measured:
-        xs = a["samples_ms"]
-        mean, sd = statistics.fmean(xs), statistics.stdev(xs)
-        half = st.t.ppf(0.975, len(xs) - 1) * sd / math.sqrt(len(xs))
-        a.update(step_ms=mean, ci_ms=[mean - half, mean + half])
+        mean, low, high = stats.mean_interval(a["samples_ms"])
+        a.update(step_ms=mean, ci_ms=[low, high])
     measured.sort(key=lambda a: (a["step_ms"], a["predicted_rank"]))
     best = measured[0] if measured else None
     for i, a in enumerate(measured, 1):

@@ -87,3 +87,12 @@ def welch(a: list[float], b: list[float], unit: str, floor: float = 0.0, confide
     return Effect(unit=unit, n_a=len(a), n_b=len(b), mean_a_ms=ma, mean_b_ms=mb, rel_step_time=d / ma,
                   ci_low=lo / ma, ci_high=hi / ma, rel_tokens_per_s=tokens(d), tokens_ci_low=tokens(hi),
                   tokens_ci_high=tokens(lo), p_value=p, df=df, mde=floor + mde_t / ma, floor=floor, verdict=verdict)
+
+
+def mean_interval(xs: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """(mean, low, high): Student's t interval of the mean of ``xs`` (at least 2 samples)."""
+    from scipy import stats as st
+
+    mean = statistics.fmean(xs)
+    half = st.t.ppf(0.5 + confidence / 2, len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
+    return mean, mean - half, mean + half

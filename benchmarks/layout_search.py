@@ -4,8 +4,10 @@ Each measurement runs in a fresh process (no caches carried over), alternating, 
 
     baseline   enumerate every candidate and run the legality rules on each (rules.check): the least
                any exhaustive search over the legal space must do
-    search     Search(cfg).run(): enumerate -> rules -> parameters -> memory (least recompute that fits)
-               -> step-time terms -> rank
+    search     what hydra/sweeper=layout runs: Search(cfg, <the sweeper's communication settings>).run():
+               enumerate -> rules -> parameters -> memory (least recompute that fits) -> the fastest
+               communication setting that fits -> step-time terms -> rank (forked over this machine's CPUs)
+    serial     the same in one process (MOE_HYDRA_SEARCH_WORKERS=1)
 
     python benchmarks/layout_search.py [--runs 5] [--model deepseek_v3] [--nodes 128]
 
@@ -15,6 +17,7 @@ Goal: the search under 1 s.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -28,6 +31,7 @@ sys.path[:0] = [{root!r}, {tests!r}]
 from conftest import compose_config
 from moe_hydra import rules, search
 from moe_hydra.arch import Arch
+from moe_hydra.layout_sweeper import LayoutSweeperImpl
 from moe_hydra.versions import mcore_facts
 cfg = compose_config("stage=plan", "model={model}", "hardware=h100_sxm", "hardware.nodes={nodes}")
 t = time.perf_counter()
@@ -38,14 +42,17 @@ if {baseline}:
         rules.check(dataclasses.replace(cfg, parallel=c.parallel(cfg.parallel)), mcore, arch)
         n += 1
 else:
-    n = len(search.Search(cfg).run())
+    dispatchers, ep_overlap = LayoutSweeperImpl().communication(cfg, set())
+    n = len(search.Search(cfg, dispatchers=dispatchers, ep_overlap=ep_overlap).run())
 print(n, time.perf_counter() - t)
 """
 
 
-def _run(baseline: bool, model: str, nodes: int) -> tuple[int, float]:
+def _run(baseline: bool, model: str, nodes: int, workers: str = "") -> tuple[int, float]:
     code = CODE.format(root=str(ROOT), tests=str(ROOT / "tests"), model=model, nodes=nodes, baseline=baseline)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    env = {**os.environ, "MOE_HYDRA_SEARCH_WORKERS": workers}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=env).stdout.split()
     return int(out[0]), float(out[1])
 
 
@@ -55,16 +62,20 @@ def main() -> None:
     ap.add_argument("--model", default="deepseek_v3")
     ap.add_argument("--nodes", type=int, default=128)
     args = ap.parse_args()
-    base, full = [], []
+    base, full, serial = [], [], []
     for _ in range(args.runs):
         n, t = _run(True, args.model, args.nodes)
         base.append(t)
         n, t = _run(False, args.model, args.nodes)
         full.append(t)
-    b, f = statistics.median(base), statistics.median(full)
-    print(f"{args.model} on {args.nodes * 8} x H100: {n} candidate layouts, median of {args.runs} fresh processes")
+        n, t = _run(False, args.model, args.nodes, workers="1")
+        serial.append(t)
+    b, f, s = statistics.median(base), statistics.median(full), statistics.median(serial)
+    print(f"{args.model} on {args.nodes * 8} x H100: {n} candidate layouts, median of {args.runs} fresh processes, "
+          f"{search.search_workers(n)} worker(s) on this machine")
     print(f"  baseline (rules only) : {b:.3f} s")
     print(f"  search                : {f:.3f} s  ({f / b:.2f}x the baseline)")
+    print(f"  search, one process   : {s:.3f} s  ({s / b:.2f}x the baseline)")
     print(f"goal: the search under 1 s: {'met' if f < 1 else 'NOT met'}")
 
 

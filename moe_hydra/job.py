@@ -208,7 +208,7 @@ class Job:
 
         o, ov = self.cfg.optimizer, self.cfg.overlap
         ddp_cfg = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=o.main_grads_dtype == "fp32",
+            grad_reduce_in_fp32=o.grad_reduce_in_fp32,
             overlap_grad_reduce=ov.overlap_grad_reduce,
             overlap_param_gather=ov.overlap_param_gather,
             use_distributed_optimizer=o.use_distributed_optimizer,

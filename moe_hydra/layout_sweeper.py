@@ -36,11 +36,13 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from moe_hydra import plan, search, stats, sweep
 from moe_hydra.compare import Run
 from moe_hydra.schema import Config, Stage, typed
+from moe_hydra.step_model import TERMS
 
 log = logging.getLogger(__name__)
 
 # What screening arms differ in, left out of their contract hash (moe_hydra.contract).
 SEARCHED = ["mesh", "recompute", "train.micro_batch_size"]
+EP_OVERLAP = "overlap.overlap_moe_expert_parallel_comm"
 LAYOUT_GROUPS = ("attention_mesh", "expert_mesh", "mesh")
 
 
@@ -51,6 +53,13 @@ class LayoutSweeperConf:
     top_k: int = 0
     # Micro-batch sizes to search as well; null = train.micro_batch_size only.
     micro_batch_sizes: Optional[List[int]] = None
+    # Dispatcher presets to try with every layout (each layout keeps the fastest that is legal and fits);
+    # null = the configured one and the hardware's flex dispatcher (hardware.flex_dispatcher), or only the
+    # one the command sets with dispatcher=.
+    dispatchers: Optional[List[str]] = None
+    # EP overlap (overlap.overlap_moe_expert_parallel_comm) settings to try; null = both on GPUs (it needs
+    # CUDA streams), or only the one the command sets.
+    ep_overlap: Optional[List[bool]] = None
     # Rows of the printed ranking, and layouts written as a ready-to-run sweep.
     table_rows: int = 15
     # The screening contract: warmup steps, then the steady window [first, last] (6-12 steps).
@@ -69,9 +78,11 @@ def register() -> None:
 class LayoutSweeperImpl(Sweeper):
     def __init__(self, top_k: int = 0, micro_batch_sizes: list[int] | None = None, table_rows: int = 15,
                  screen_warmup: int = 3, screen_window: list[int] | None = None, validate_steps: int = 50,
-                 params: dict | None = None):
+                 params: dict | None = None, dispatchers: list[str] | None = None, ep_overlap: list[bool] | None = None):
         super().__init__()
         self.top_k, self.micro_batch_sizes, self.table_rows = top_k, micro_batch_sizes, table_rows
+        self.dispatchers = list(dispatchers) if dispatchers else None
+        self.ep_overlap = list(ep_overlap) if ep_overlap else None
         self.screen_warmup, self.screen_window = screen_warmup, list(screen_window or [4, 11])
         self.validate_steps = validate_steps
         self.config: DictConfig | None = None
@@ -103,12 +114,14 @@ class LayoutSweeperImpl(Sweeper):
             print(f"moe_hydra: the search chooses the layout; it replaces {' '.join(replaced)}", file=sys.stderr, flush=True)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        with open_dict(self.config):
-            self.config.hydra.sweeper.params = {key: "searched" for key in SEARCHED}
-        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         cfg = typed(self.hydra_context.config_loader.load_sweep_config(self.config, list(arguments)))
+        dispatchers, ep_overlap = self.communication(cfg, {o.key_or_group for o in parsed})
+        searched = SEARCHED + ["dispatcher"] * (len(dispatchers) > 1) + [EP_OVERLAP] * (len(ep_overlap) > 1)
+        with open_dict(self.config):
+            self.config.hydra.sweeper.params = {key: "searched" for key in searched}
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         t0 = time.perf_counter()
-        s = search.Search(cfg, self.micro_batch_sizes)
+        s = search.Search(cfg, self.micro_batch_sizes, dispatchers=dispatchers, ep_overlap=ep_overlap)
         results = s.run()
         seconds = time.perf_counter() - t0
         report = s.report(results, seconds)
@@ -135,6 +148,21 @@ class LayoutSweeperImpl(Sweeper):
         report["screening"] = screening
         plan.write_json(report, sweep_dir / "layouts.json", indent=None)
         return []
+
+    def communication(self, cfg: Config, set_by_command: set[str]) -> tuple[list[str], list[bool]]:
+        """The dispatchers and EP overlap settings to try with every layout: the sweeper's options, else the
+        configured ones plus the hardware's flex dispatcher and both EP overlap settings on GPUs — unless the
+        command sets them."""
+        dispatchers = self.dispatchers or [cfg.dispatcher.name]
+        flex = cfg.hardware.flex_dispatcher
+        if self.dispatchers is None and "dispatcher" not in set_by_command and flex and cfg.model.num_moe_experts:
+            dispatchers = list(dict.fromkeys([*dispatchers, flex]))
+        configured = cfg.overlap.overlap_moe_expert_parallel_comm
+        ep_overlap = self.ep_overlap if self.ep_overlap is not None else [configured]
+        if (self.ep_overlap is None and EP_OVERLAP not in set_by_command and cfg.hardware.arch != "cpu"
+                and cfg.model.num_moe_experts):
+            ep_overlap = [configured, not configured]
+        return dispatchers, ep_overlap
 
     # ------------------------------------------------------------------ screening
 
@@ -215,10 +243,12 @@ def write_sweep(sweep_dir: Path, ranked: list[dict], base: list[str]) -> dict:
         lines = ["# @package _global_", f"# rank {c['rank']} of the layout search: {c['layout']}, "
                  f"{c['recompute']} recompute, {c['memory_gib']} GiB, predicted step {c['step_time_s']:.3f} s"]
         tree: dict = {}
+        groups = [o.split("=", 1) for o in c["overrides"] if "." not in o.split("=", 1)[0]]
+        if groups:
+            lines.append("defaults:\n" + "\n".join(f"  - override /{g}: {v}" for g, v in groups))
         for o in c["overrides"]:
             key, value = o.split("=", 1)
-            if key == "recompute":
-                lines.insert(1, f"defaults:\n  - override /recompute: {value}")
+            if "." not in key:
                 continue
             node = tree
             *parents, leaf = key.split(".")
@@ -253,13 +283,16 @@ def render_ranking(report: dict, rows: int):
     t = Table(title=f"layout search: {report['model']} on {report['world_size']} x {report['hardware']}, "
                     f"GBS {report['global_batch_size']}, seq {report['seq_length']} — {c['candidates']} candidates, "
                     f"{c['legal']} legal, {c['fit']} fit, {report['search_seconds']:.2f} s", title_justify="left")
-    for col in ("#", "layout", "MBS", "recompute", "GiB", "step s", "compute", "ep", "etp", "tp", "cp", "dp", "bubble", "p2p"):
-        t.add_column(col, justify="left" if col in ("layout", "recompute") else "right")
-    for r in [x for x in report["candidates"] if x["rank"]][:rows]:
-        terms = r["terms_s"]
-        t.add_row(str(r["rank"]), r["layout"], str(r["micro_batch_size"]), r["recompute"],
+    comm = len(report["communication_settings"]) > 1
+    top = [x for x in report["candidates"] if x["rank"]][:rows]
+    terms = [k for k in TERMS if any(r["terms_s"][k] for r in top)]  # the terms that are zero throughout: left out
+    for col in ("#", "layout", "MBS", *(("dispatcher",) if comm else ()), "recompute", "GiB", "step s", *terms):
+        t.add_column(col, justify="left" if col in ("layout", "dispatcher", "recompute") else "right")
+    for r in top:
+        setting = (r["dispatcher"] + (" +ovl" if r["overlap_moe_expert_parallel_comm"] else ""),) if comm else ()
+        t.add_row(str(r["rank"]), r["layout"], str(r["micro_batch_size"]), *setting, r["recompute"],
                   "?" if r["memory_gib"] is None else f"{r['memory_gib']:.1f}", _s(r["step_time_s"]),
-                  *(_s(terms[k]) for k in ("compute", "ep", "etp", "tp", "cp", "dp", "bubble", "p2p")))
+                  *(_s(r["terms_s"][k]) for k in terms))
     return t
 
 

@@ -5,7 +5,7 @@ Follows Megatron-Bridge's accounting (flops-memory.md §4), made right for MoE:
 **Static** (per rank of each pipeline stage, from :mod:`moe_hydra.params`)::
 
     weights     params x bytes(params_dtype)                      (fp8 recipes keep bf16 weights)
-    gradients   params x bytes(main_grads_dtype)                  (the DDP buffer is never sharded)
+    gradients   params x 4 with grad_reduce_in_fp32, else x bytes(params_dtype) (the DDP buffer, never sharded)
     optimizer   dense  x state / (DP x CP / instances)            (distributed optimizer)
               + expert x state / (EDP / instances)
                 state = master copy (0 when the weights are fp32) + Adam m and v, each in its dtype
@@ -57,6 +57,8 @@ Pure: standard library only.
 """
 
 from __future__ import annotations
+
+import functools
 
 from dataclasses import dataclass
 from typing import Any
@@ -120,6 +122,13 @@ def _state_bytes(cfg: Any) -> float:
     return master + moments
 
 
+def grad_bytes(cfg: Any) -> int:
+    """Bytes per parameter of the DDP gradient buffer: fp32 with fp32 weights or grad_reduce_in_fp32, else
+    the weights' dtype."""
+    dtype = cfg.precision.params_dtype
+    return DTYPE_BYTES["fp32" if dtype == "fp32" or cfg.optimizer.grad_reduce_in_fp32 else dtype]
+
+
 def layer_terms(cfg: Any, lo: Layout, a: Arch, moe: bool, *, flash: bool) -> dict[str, float]:
     """Activation bytes of one decoder layer for one micro-batch on one rank, by term."""
     s, b, tp = cfg.train.seq_length, cfg.train.micro_batch_size, lo.tp
@@ -159,16 +168,21 @@ def layer_terms(cfg: Any, lo: Layout, a: Arch, moe: bool, *, flash: bool) -> dic
     return t
 
 
-def _dropped(cfg: Any) -> set[str]:
+def _dropped(cfg: Any) -> frozenset[str]:
     rc, off = cfg.recompute, cfg.offload
+    return _dropped_by(rc.recompute_granularity == "selective", tuple(rc.recompute_modules or ["core_attn"]),
+                       tuple(off.offload_modules) if off.fine_grained_activation_offloading else ())
+
+
+@functools.lru_cache(maxsize=None)
+def _dropped_by(selective: bool, recomputed: tuple[str, ...], offloaded: tuple[str, ...]) -> frozenset[str]:
+    """The activation terms that recompute (selective, its modules) and offload (its modules) remove."""
     drop: set[str] = set()
-    if rc.recompute_granularity == "selective":
-        for module in rc.recompute_modules or ["core_attn"]:
-            drop.update(RECOMPUTE_DROPS.get(module, ()))
-    if off.fine_grained_activation_offloading:
-        for module in off.offload_modules:
-            drop.update(OFFLOAD_DROPS.get(module, ()))
-    return drop
+    for module in recomputed if selective else ():
+        drop.update(RECOMPUTE_DROPS.get(module, ()))
+    for module in offloaded:
+        drop.update(OFFLOAD_DROPS.get(module, ()))
+    return frozenset(drop)
 
 
 def in_flight_chunks(pp: int, vpp: int | None, pp_rank: int, microbatches: int,
@@ -176,8 +190,8 @@ def in_flight_chunks(pp: int, vpp: int | None, pp_rank: int, microbatches: int,
     """(model-chunk micro-batches held at the peak, chunks per rank) on pipeline rank ``pp_rank``:
     the schedule's warmup forwards plus the one whose backward follows (Megatron's
     ``get_pp_rank_microbatches``; overlapped EP communication runs one more forward first)."""
-    if pp == 1:
-        return 1, 1
+    if pp == 1:  # with EP overlap, the next micro-batch's forward runs beside this one's backward
+        return min(1 + overlap_moe_comm, microbatches), 1
     if not vpp or vpp == 1:
         return min(pp - pp_rank, microbatches), 1
     warmup = 2 * (pp - pp_rank - 1) + (vpp - 1) * pp + overlap_moe_comm
@@ -212,7 +226,7 @@ class Estimator:
         cfg, lo = self.cfg, self.lo
         o, off = cfg.optimizer, cfg.offload
         w_bytes = DTYPE_BYTES[cfg.precision.params_dtype]
-        g_bytes = DTYPE_BYTES["fp32" if cfg.precision.params_dtype == "fp32" else o.main_grads_dtype]
+        g_bytes = grad_bytes(cfg)
         inst = o.num_distributed_optimizer_instances
         dense_shard = max(1, lo.dp * lo.cp // inst) if o.use_distributed_optimizer else 1
         expert_shard = max(1, lo.edp // inst) if o.use_distributed_optimizer else 1
@@ -220,10 +234,13 @@ class Estimator:
         return [(p.total * w_bytes, p.total * g_bytes, state * (p.dense / dense_shard + p.expert / expert_shard))
                 for p in ranks]
 
-    def _activations(self, r: RankLayers) -> tuple[float, float]:
+    def _activations(self, r: RankLayers, overlap: bool | None = None) -> tuple[float, float, float]:
+        """(activation bytes, micro-batches in flight, the bytes of one more micro-batch chunk in flight) of a
+        pipeline rank; ``overlap``: EP overlap on or off (None: as configured)."""
         a, rc = self.a, self.cfg.recompute
-        chunks, vpp = in_flight_chunks(self.lo.pp, self.lo.vpp, r.pp_rank, self.microbatches,
-                                       self.cfg.overlap.overlap_moe_expert_parallel_comm)
+        if overlap is None:
+            overlap = self.cfg.overlap.overlap_moe_expert_parallel_comm
+        chunks, vpp = in_flight_chunks(self.lo.pp, self.lo.vpp, r.pp_rank, self.microbatches, overlap)
         n_moe = (r.mask & a.moe_mask).bit_count()
         n_dense = len(r.layers) - n_moe
         mtp_layer = (self.moe_layer if a.mtp_is_moe else self.dense_layer) if r.mtp else 0.0
@@ -245,25 +262,36 @@ class Estimator:
         act = per_mb * stage_mbs + live
         if r.loss:
             act += self.loss * (1 + r.mtp)  # the last stage runs each micro-batch's backward at once
-        return act, stage_mbs
+        return act, stage_mbs, per_mb / vpp
 
     def stages(self, split: tuple[RankLayers, ...], ranks: list[RankParams],
                static: list[tuple[float, float, float]] | None = None) -> list[StageMemory]:
         out = []
         for r, (weights, grads, opt) in zip(split, static or self.static(ranks)):
-            act, mbs = self._activations(r)
+            act, mbs, _ = self._activations(r)
             out.append(StageMemory(r.pp_rank, weights, grads, opt, act, mbs, self.allowance_total(weights + grads + opt + act)))
         return out
 
     def peak(self, split: tuple[RankLayers, ...], static: list[tuple[float, float, float]],
              candidates: list[int] | None = None) -> float:
         """The most-loaded stage's total. ``candidates``: the stages that can be it (:func:`peak_candidates`)."""
-        best = 0.0
+        return self.peaks(split, static, candidates)[self.cfg.overlap.overlap_moe_expert_parallel_comm]
+
+    def peaks(self, split: tuple[RankLayers, ...], static: list[tuple[float, float, float]],
+              candidates: list[int] | None = None) -> tuple[float, float]:
+        """The most-loaded stage's total without and with EP overlap (one more micro-batch chunk in flight,
+        where the schedule holds more than it has)."""
+        off = on = 0.0
         for i in candidates if candidates is not None else range(len(split)):
-            act, _ = self._activations(split[i])
+            r = split[i]
+            act, _, chunk = self._activations(r, False)
             est = sum(static[i]) + act
-            best = max(best, est + self.allowance_total(est))
-        return best
+            off = max(off, est + self.allowance_total(est))
+            held, _ = in_flight_chunks(self.lo.pp, self.lo.vpp, r.pp_rank, self.microbatches, False)
+            more, _ = in_flight_chunks(self.lo.pp, self.lo.vpp, r.pp_rank, self.microbatches, True)
+            est += (more - held) * chunk
+            on = max(on, est + self.allowance_total(est))
+        return off, on
 
     def allowance_total(self, estimated: float) -> float:
         return self._fixed_allowance + self.allowance["fragmentation"] * estimated

@@ -56,6 +56,9 @@ class ModelConfig:
     max_position_embeddings: int = 4096
     # The sequence length this preset is benchmarked at; train.seq_length defaults to it.
     seq_length: int = 4096
+    # The global batch (sequences) of the model's published performance recipe; train.global_batch_size
+    # defaults to it. null: none published (the batch is then micro batch x world size).
+    global_batch_size: Optional[int] = None
     normalization: str = "RMSNorm"  # RMSNorm | LayerNorm
     # SwiGLU when true (activation silu): three h x f matrices per MLP instead of two.
     gated_linear_unit: bool = True
@@ -127,6 +130,9 @@ class HardwareConfig:
     nvlink_bandwidth_gb_s: Optional[float] = None
     # Scale-out (NIC) bandwidth per device, GB/s.
     scaleout_bandwidth_gb_s: Optional[float] = None
+    # The flex dispatcher preset (conf/dispatcher) the workflow tries first on this platform: deepep on
+    # NVL8, hybridep on NVL72 (workflow.md §7). The layout search tries it with every layout; null: none.
+    flex_dispatcher: Optional[str] = None
     # Run-to-run noise of the mean step time, relative: what two runs of one config may differ by. compare
     # calls a one-run-per-arm difference only beyond it (repeated arms measure it instead). Calibrate with
     # benchmarks/decision_quality.py.
@@ -250,6 +256,10 @@ class OptimizerConfig:
     use_distributed_optimizer: bool = True
     num_distributed_optimizer_instances: int = 1
     use_precision_aware_optimizer: bool = False
+    # The DDP gradient buffer (accumulation and reduce-scatter) in fp32. Megatron-LM turns it on for bf16
+    # training; Megatron-Core's DDP default and Megatron-Bridge's benchmark mode leave it off (bf16 buffer).
+    grad_reduce_in_fp32: bool = True
+    # Main grads / params and Adam moments of the precision-aware optimizer (fp32 without it).
     main_grads_dtype: str = "fp32"
     main_params_dtype: str = "fp32"
     exp_avg_dtype: str = "fp32"
@@ -259,9 +269,10 @@ class OptimizerConfig:
 @dataclass(kw_only=True, slots=True)
 class TrainConfig:
     micro_batch_size: int = 1
-    # null = micro_batch_size x world size: the same for every layout of one world size (so layouts
-    # compare), and TP x CP x PP micro-batches per data-parallel rank, enough to fill any pipeline.
-    global_batch_size: Optional[int] = None
+    # Defaults to the model preset's published batch. null = micro_batch_size x world size: the same
+    # for every layout of one world size (so layouts compare), and TP x CP x PP micro-batches per
+    # data-parallel rank, enough to fill any pipeline.
+    global_batch_size: Optional[int] = II("model.global_batch_size")
     seq_length: int = II("model.seq_length")
     # Steps to run; defaults to the last step of the contract window.
     train_iters: int = II("contract.window[1]")
@@ -347,6 +358,32 @@ class LoggerConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class StepModelConfig:
+    """The sustained fractions of the hardware's peaks the layout search's step-time model uses
+    (moe_hydra.step_model). Fitted to published H100 measurements (benchmarks/step_model_calibration.py);
+    refit them to your cluster's screening runs."""
+
+    # Priors (not fitted): dense GEMMs (attention projections, dense/shared MLPs, logits), fraction of
+    # the peak FLOP/s;
+    gemm_efficiency: float = 0.7
+    # core (flash) attention, forward + backward;
+    attention_efficiency: float = 0.5
+    # collectives and the all-to-all over the scale-out NIC, fraction of its bandwidth.
+    scaleout_efficiency: float = 0.85
+    # Fitted: rows per expert GEMM at which grouped expert GEMMs run at half the dense GEMM rate;
+    expert_rows_half: float = 2048.0
+    # collectives and the all-to-all inside the NVLink domain, fraction of half the bidirectional bandwidth;
+    nvlink_efficiency: float = 0.36
+    # host time per MoE layer per micro-batch, forward + backward (launches, the dispatcher's syncs).
+    host_ms_per_moe_layer: float = 10.5
+    # Prior (the published rows do not decide it: the overlapped one waits for the host): the fraction of
+    # the all-to-all that EP overlap hides under another micro-batch's compute.
+    ep_overlap_efficiency: float = 0.5
+    # Prior: a dense layer launches about a quarter of a MoE layer's kernels and has no dispatcher sync.
+    host_ms_per_dense_layer: float = 2.5
+
+
+@dataclass(kw_only=True, slots=True)
 class Config:
     """The root: what ``python -m moe_hydra`` composes."""
 
@@ -370,6 +407,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     contract: ContractConfig = field(default_factory=ContractConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    step_model: StepModelConfig = field(default_factory=StepModelConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 

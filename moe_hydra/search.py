@@ -13,38 +13,19 @@ candidate then passes through the same rules and estimates as ``stage=plan``
 **Fit.** The least recompute that fits (none -> selective -> full, the workflow's order) is kept
 with the candidate; a candidate that fits with none of them is kept as ``fits: false``.
 
-**Rank** by an analytic step time, a ranking aid (every term printed per layout), at the hardware's
-peak rates (nominal 1 TFLOP/s, 10 GB/s and 0.01 TB/s where a preset declares none), per rank and
-step (M = micro-batches per step, rows = s b / CP, / TP with sequence parallelism):
+**Communication settings.** A Search may also try other dispatchers and EP overlap with every layout
+(the layout sweeper does unless the command sets them): cross-node expert parallelism is a different
+strategy with a flex dispatcher and EP overlap than without. A layout keeps the fastest setting that
+passes the rules that read it (dispatcher L35-L45, EP overlap L65-L73) and fits at the layout's least
+recompute or above (a flex dispatcher's buffers and EP overlap's extra micro-batch in flight cost
+memory). A flex dispatcher is tried only where the EP group leaves the NVLink domain: inside it, the
+step-time model gives it the time of the all-to-all.
 
-    compute   roofline, dense GEMMs and routed experts apart: FLOPs/token x tokens/step x recompute /
-              (world x peak), or the weights streamed from HBM for each micro-batch (12 B per parameter:
-              read forward, read for the data gradient, fp32 main-grad read + write), whichever is slower
-              (recompute: full +1/3, a second forward; selective + the recomputed attention's forward)
-    ep        4 x (MoE layers/rank) x M x rows x h x 2 B per token copy (dispatch + combine, forward +
-              backward): top-k x (EP-1)/EP copies, those to peers inside the NVLink domain over NVLink (half
-              the declared bidirectional bandwidth), those to other nodes over the scale-out NIC — with the
-              flex dispatchers (DeepEP, HybridEP) one copy per other node reached (uniform routing, or the
-              routing groups' node limit) instead of one per expert; with
-              overlap_moe_expert_parallel_comm only what another micro-batch's compute cannot hide
-    etp       4 x (MoE layers/rank) x M x rows x top-k x h x 2 B x (ETP-1): tokens gathered to and
-              scattered from the expert-TP group
-    tp        8 x (layers/rank) x M x (s b / CP) x h x 2 B x (TP-1)/TP (all-gather / reduce-scatter pairs)
-    cp        3 x (layers/rank) x M x (CP-1) x (s b / CP) x 2 kv x 2 B / TP (the KV ring)
-    dp        dense params x 6 B x (DP CP - 1)/(DP CP) + expert params x 6 B x (EDP-1)/EDP (fp32
-              gradient reduce-scatter + bf16 parameter all-gather), over the scale-out network when the
-              world leaves the domain; with overlap_grad_reduce only what the backward pass (2/3 of
-              compute) cannot hide, and at least the last bucket (1 / (M x VPP) of it)
-    bubble    (PP-1) / (VPP x M) x (compute + ep + etp + tp + cp)
-    p2p       2 x VPP x M x rows x h x 2 B per stage boundary, scale-out when PP crosses nodes
-    step      the sum
-
-Candidates are ranked with the workflow's priorities (workflow.md §5.1) as they apply to every
-layout — CP only once the sequence reaches 8K, ETP 1 before expert-tensor parallelism — and then by
-step time; ties break on less model parallelism, EP x ETP inside the NVLink domain, fewer chunks,
-the larger micro batch. The model leaves out kernel efficiency beyond the roofline, overlap other than
-the gradient reduce and the EP all-to-all (as configured), routing imbalance and network contention:
-use it to choose what to screen, then measure (screening, compare).
+**Rank** by the analytic step time of :mod:`moe_hydra.step_model` (a ranking aid, every term printed per
+layout), after the workflow's priorities (workflow.md §5.1) that apply to every layout — CP only once
+the sequence reaches 8K, ETP 1 before expert-tensor parallelism; ties break on less model
+parallelism, EP x ETP inside the NVLink domain, fewer chunks, the larger micro batch. Use it to choose
+what to screen, then measure (screening, compare).
 
 Pure: standard library only.
 """
@@ -52,18 +33,22 @@ Pure: standard library only.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
+import multiprocessing
+import os
+import sys
 from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
-from moe_hydra import flops, memory, metrics, params, plan, rules
+from moe_hydra import memory, params, plan, rules
 from moe_hydra.arch import Arch
 from moe_hydra.layout import Layout
 from moe_hydra.rules.base import _divisors
+from moe_hydra.step_model import TERMS, StepModel
 from moe_hydra.versions import McoreFacts, mcore_facts
 
 RECOMPUTE_LEVELS = ("none", "selective", "full")
-NOMINAL_TFLOPS, NOMINAL_GB_S = 1.0, 10.0
 OVERRIDES_FOR = 100  # ranked candidates whose layouts.json row carries its command-line overrides
 CP_FROM_SEQ = 8192  # workflow.md §5.1: CP once the sequence makes attention memory dominant (>= 8K)
 
@@ -154,6 +139,18 @@ def enumerate_layouts(cfg: Any, micro_batch_sizes: list[int] | None = None) -> I
                                 yield Candidate(tp, cp, pp, vpp, ep, etp, mbs, split)
 
 
+@dataclass(frozen=True, slots=True)
+class Comm:
+    """The communication settings a layout is evaluated with: a dispatcher preset and EP overlap."""
+
+    dispatcher: str  # conf/dispatcher/<name>.yaml
+    ep_overlap: bool  # overlap.overlap_moe_expert_parallel_comm
+    flex: bool  # the preset's moe_token_dispatcher_type is flex
+
+    def describe(self) -> str:
+        return self.dispatcher + (" +EP overlap" if self.ep_overlap else "")
+
+
 @dataclass(slots=True)
 class Result:
     candidate: Candidate
@@ -164,6 +161,7 @@ class Result:
     terms: dict[str, float] | None = None
     rank: int | None = None
     pruned: bool = False  # weights + gradients alone exceed the memory: the rules were not run
+    comm: Comm | None = None  # the communication settings the terms are for
 
     @property
     def legal(self) -> bool:
@@ -182,6 +180,8 @@ class Result:
                        first_violation=self.violations[0])
         if self.pruned:
             row["pruned"] = "weights and gradients alone exceed the device memory (rules not checked)"
+        if self.comm:
+            row.update(dispatcher=self.comm.dispatcher, overlap_moe_expert_parallel_comm=self.comm.ep_overlap)
         if self.terms:
             row.update(parallel=lo.to_megatron(), pipeline_split=c.split, step_time_s=round(self.terms["step"], 5),
                        terms_s={k: round(v, 5) for k, v in self.terms.items()})
@@ -189,15 +189,32 @@ class Result:
 
 
 class Search:
-    """One search: the base config, its fixed batch, presets and rates read once."""
+    """One search: the base config, its fixed batch, presets and rates read once.
 
-    def __init__(self, cfg: Any, micro_batch_sizes: list[int] | None = None, mcore: McoreFacts | None = None):
+    ``dispatchers`` (dispatcher preset names) and ``ep_overlap`` (values of
+    ``overlap.overlap_moe_expert_parallel_comm``): the communication settings to try with every layout;
+    None tries the configured one only. The first of each is the primary setting: legality and the
+    least recompute that fits are decided with it."""
+
+    def __init__(self, cfg: Any, micro_batch_sizes: list[int] | None = None, mcore: McoreFacts | None = None,
+                 dispatchers: list[str] | None = None, ep_overlap: list[bool] | None = None):
         self.mcore = mcore or mcore_facts()
         self.arch = Arch.from_model(cfg.model)
         self.world = cfg.hardware.nodes * cfg.hardware.devices_per_node
         self.mbs = micro_batch_sizes or [cfg.train.micro_batch_size]
         gbs = cfg.train.global_batch_size or math.lcm(*self.mbs) * self.world
         self.cfg = replace(cfg, train=replace(cfg.train, global_batch_size=gbs))
+        # the communication settings: the primary first (legality and fit are decided with it)
+        names = list(dict.fromkeys(dispatchers or [cfg.dispatcher.name]))
+        overlaps = list(dict.fromkeys(ep_overlap if ep_overlap is not None
+                                      else [cfg.overlap.overlap_moe_expert_parallel_comm]))
+        self.dispatcher_nodes = {n: cfg.dispatcher if n == cfg.dispatcher.name else plan.preset("dispatcher", n, cfg.dispatcher)
+                                 for n in names}
+        self.comms = [Comm(n, o, self.dispatcher_nodes[n].moe_token_dispatcher_type == "flex")
+                      for n in names for o in overlaps]
+        primary = self.comms[0]
+        self.cfg.dispatcher = self.dispatcher_nodes[primary.dispatcher]
+        self.cfg.overlap = replace(self.cfg.overlap, overlap_moe_expert_parallel_comm=primary.ep_overlap)
         # The least recompute that fits, from the configured level up the workflow's ladder; a custom
         # recompute setting is kept as it is.
         name = cfg.recompute.name
@@ -209,6 +226,8 @@ class Search:
         self.work.parallel.num_layers_in_first_pipeline_stage = None
         self.work.parallel.num_layers_in_last_pipeline_stage = None
         self.base_recompute, self.base_name = self.work.recompute, cfg.recompute.name
+        # the ladder from each level up: where another communication setting may need more recompute
+        self.levels_from = {lvl: list(self.recompute)[i:] for i, lvl in enumerate(self.recompute)}
         self.fixed_violations = rules.check(self.cfg, self.mcore, self.arch, reads=("fixed",))
         self.mesh_violations: dict[tuple, list] = {}
         self.mesh_terms: dict[tuple, tuple] = {}
@@ -216,86 +235,162 @@ class Search:
         self.estimators: dict[tuple, memory.Estimator] = {}
         self.pipeline_violations: dict[tuple, list] = {}
         self.recompute_rule_cache: dict[tuple, list] = {}
+        self.comm_rule_cache: dict[tuple, bool] = {}
+        self.splits: dict[tuple, tuple] = {}
+        self.messages: dict[tuple, list[str]] = {}
+        self._current: Candidate | None = None  # whose layout fields self.work holds
+        self._peak_cache: tuple = (None, None)  # the last (candidate, level) and its peaks
         self.te_spec, self.flash = plan.te_spec(cfg), cfg.hardware.arch != "cpu"
-        self.flex = cfg.dispatcher.moe_token_dispatcher_type == "flex"
-        self.remote_copies: dict[tuple[int, int], float] = {}
+        self.flex_gib = self.cfg.memory.flex_dispatcher_gib
         self.cap = cfg.hardware.memory_gib
         self.cap_bytes = None if self.cap is None else self.cap * memory.GIB
         total = params.total_params(self.arch)
         self.expert_total = params.routed_expert_params(self.arch)
         self.dense_total = total - self.expert_total
-        wdt = cfg.precision.params_dtype
-        grads = "fp32" if wdt == "fp32" else cfg.optimizer.main_grads_dtype
-        self.state_bytes = memory.DTYPE_BYTES[wdt] + memory.DTYPE_BYTES[grads]  # weights + gradients per parameter
-        hw = cfg.hardware
-        peak, _ = metrics.peak_tflops(hw, cfg.precision)
-        self.flops_s = (peak or NOMINAL_TFLOPS) * 1e12
-        self.nvlink = (hw.nvlink_bandwidth_gb_s or 2 * NOMINAL_GB_S) / 2 * 1e9  # declared bidirectional
-        self.scaleout = (hw.scaleout_bandwidth_gb_s or NOMINAL_GB_S) * 1e9
-        self.domain = hw.nvlink_domain_size
-        fl = flops.flops_per_token(self.arch, cfg.train.seq_length)
-        self.fpt, self.fpt_expert = fl.total, fl.routed_experts
-        self.fpt_dense = fl.total - fl.routed_experts
-        self.hbm = (hw.hbm_bandwidth_tb_s or NOMINAL_GB_S / 1000) * 1e12
-        self.recompute_flops = {"none": 1.0, "full": 4 / 3,
-                                "selective": 1 + (fl.attention_core / 3) / fl.total}
+        # weights + gradients per parameter
+        self.state_bytes = memory.DTYPE_BYTES[cfg.precision.params_dtype] + memory.grad_bytes(cfg)
+        self.domain = cfg.hardware.nvlink_domain_size
+        self.model = StepModel(self.cfg, self.arch, self.world)
+        # the user's settings, which a row's overrides change when its setting differs
+        self.base_dispatcher, self.base_overlap = cfg.dispatcher.name, cfg.overlap.overlap_moe_expert_parallel_comm
 
     def evaluate(self, c: Candidate) -> Result:
-        """Rules, counts, the least recompute that fits, and the step-time terms of one candidate."""
+        """Rules, counts, the least recompute that fits, and the step-time terms of one candidate (with the
+        fastest communication setting that is legal and fits)."""
         if self.cap is not None:  # weights + gradients of an average rank: a lower bound on the most loaded one
             floor = self.state_bytes * (self.dense_total / (c.tp * c.pp) + self.expert_total / (c.ep * c.etp * c.pp))
             if floor > self.cap_bytes:
                 return Result(c, [], None, floor / memory.GIB, False, pruned=True)
-        cfg, p = self.work, self.work.parallel  # private copies, set in place: thousands of layouts per second
-        for field, value in c.fields().items():
-            setattr(p, field, value)
+        cfg = self.work  # a private copy, set in place (its layout fields only where a cache misses)
         cfg.train.micro_batch_size = c.mbs
         cfg.recompute = self.base_recompute
+        self._current = None
         mesh = (c.tp, c.cp, c.pp, c.ep, c.etp, c.mbs)
         mesh_v = self.mesh_violations.get(mesh)
         if mesh_v is None:
-            mesh_v = self.mesh_violations[mesh] = rules.check(cfg, self.mcore, self.arch, reads=("mesh",))
+            mesh_v = self.mesh_violations[mesh] = rules.check(self._set(c), self.mcore, self.arch, reads=("mesh",))
         pipe = (c.pp, c.vpp, c.split, self.world // (c.tp * c.cp * c.pp), c.mbs)
         pipe_v = self.pipeline_violations.get(pipe)
         if pipe_v is None:
-            pipe_v = self.pipeline_violations[pipe] = rules.check(cfg, self.mcore, self.arch, reads=("pipeline",))
+            pipe_v = self.pipeline_violations[pipe] = rules.check(self._set(c), self.mcore, self.arch, reads=("pipeline",))
         rc_v = self._recompute_violations(c, self.base_name)
         if self.fixed_violations or mesh_v or pipe_v or rc_v:
-            return Result(c, [f"[{v.rule}] {v.message}" for v in (*self.fixed_violations, *mesh_v, *pipe_v, *rc_v)])
+            key = (id(mesh_v), id(pipe_v), id(rc_v))  # the cached lists: one message list per combination
+            messages = self.messages.get(key)
+            if messages is None:
+                messages = self.messages[key] = [f"[{v.rule}] {v.message}"
+                                                  for v in (*self.fixed_violations, *mesh_v, *pipe_v, *rc_v)]
+            return Result(c, messages)
         lo = Layout(self.world, c.tp, c.cp, c.pp, c.vpp, c.ep, c.etp, c.tp > 1)
-        split = params.stages(self.arch, lo, p)
+        split = self.splits.get((c.pp, c.vpp, c.split))
+        if split is None:
+            split = self.splits[(c.pp, c.vpp, c.split)] = params.stages(self.arch, lo, self._set(c).parallel)
         key = (c.tp, c.etp, c.ep, c.pp, c.vpp, c.split)  # parameters do not depend on CP or the micro batch
         cached = self.rank_params.get(key)
         if cached is None:
-            ranks = params.params_per_rank(self.arch, lo, p, te_spec=self.te_spec, split=split)
-            cached = self.rank_params[key] = (ranks, memory.peak_candidates(self.arch, split, ranks), None)
+            ranks = params.params_per_rank(self.arch, lo, self._set(c).parallel, te_spec=self.te_spec, split=split)
+            cached = self.rank_params[key] = [ranks, memory.peak_candidates(self.arch, split, ranks), None]
         ranks, stages_to_check, static = cached
-        m = cfg.train.global_batch_size // (c.mbs * lo.dp)
-        terms = self.mesh_terms.get(mesh)
-        if terms is None:  # the activation terms depend on the mesh, not on VPP or the split
-            terms = self.mesh_terms[mesh] = (
-                memory.layer_terms(cfg, lo, self.arch, False, flash=self.flash),
-                memory.layer_terms(cfg, lo, self.arch, True, flash=self.flash) if self.arch.experts else {})
-        cap = cfg.hardware.memory_gib
-        for name, rc in self.recompute.items():
+        if static is None:  # the states depend on the parameters and DP x CP (= world / (TP PP)) and EDP only
+            static = cached[2] = self._estimator(c, mesh, lo, self.base_name).static(ranks)
+        level, peak, fits = self._least_recompute(c, mesh, lo, split, static, stages_to_check)
+        worst = max(ranks, key=lambda r: r.total)
+        best, best_step = (self.comms[0], level, peak, fits), None
+        if fits is not False and len(self.comms) > 1:
+            model, cross_node = self.model, c.ep * c.etp > self.domain
+            best_step = model.step(lo, worst.dense, worst.expert, c.mbs, level, best[0].flex, best[0].ep_overlap)
+            for comm in self.comms[1:]:
+                if (comm.flex and not cross_node and not self.comms[0].flex) or (comm.ep_overlap and c.ep == 1):
+                    continue  # the model gives the same time (flex inside the domain), or a rule refuses it (L65)
+                for lvl in self.levels_from[level]:
+                    step = model.step(lo, worst.dense, worst.expert, c.mbs, lvl, comm.flex, comm.ep_overlap)
+                    if step >= best_step:
+                        break  # more recompute only adds time
+                    if (lvl != self.base_name and self._recompute_violations(c, lvl)) or not self._comm_legal(c, mesh, lvl, comm):
+                        continue
+                    peak_c = self._peak_with(c, mesh, lo, lvl, comm, split, static, stages_to_check)
+                    if self.cap is None or peak_c <= self.cap:
+                        best, best_step = (comm, lvl, peak_c, fits), step
+                        break
+        comm, level, peak, fits = best
+        terms = self.model.terms(lo, worst.dense, worst.expert, c.mbs, level, comm.flex, comm.ep_overlap)
+        return Result(c, [], level, peak, fits, terms, comm=comm)
+
+    def _set(self, c: Candidate) -> Any:
+        """The working config with ``c``'s layout fields (set once per candidate, when a cache misses)."""
+        if self._current is not c:
+            p = self.work.parallel
+            for field, value in c.fields().items():
+                setattr(p, field, value)
+            self._current = c
+        return self.work
+
+    def _least_recompute(self, c: Candidate, mesh: tuple, lo: Layout, split, static, stages) -> tuple:
+        """(level, peak GiB, fits) with the primary communication setting: the least recompute that fits."""
+        cap, overlap = self.cap, self.comms[0].ep_overlap
+        for name in self.recompute:
             if name != self.base_name and self._recompute_violations(c, name):
                 continue  # e.g. full recompute with EP overlap
-            cfg.recompute = rc
-            est = self.estimators.get((mesh, name))
-            if est is None:  # what an estimator precomputes depends on the mesh and the recompute only
-                est = self.estimators[(mesh, name)] = memory.Estimator(cfg, lo, self.arch, m, flash=self.flash,
-                                                                       terms=terms)
-            est.lo = lo  # this candidate's VPP
-            if static is None:  # the states depend on the parameters and DP x CP (= world / (TP PP)) and EDP only
-                static = est.static(ranks)
-                self.rank_params[key] = (ranks, stages_to_check, static)
-            peak = est.peak(split, static, stages_to_check) / memory.GIB
+            peak = self._peaks(c, mesh, lo, name, split, static, stages)[overlap]
             fits = None if cap is None else peak <= cap
             if fits is not False:
                 break
             if max(map(sum, static)) / memory.GIB > cap:  # the states alone: no recompute helps
                 break
-        return Result(c, [], name, peak, fits, self._terms(cfg, lo, ranks, m, name))
+        return name, peak, fits
+
+    def _peaks(self, c: Candidate, mesh: tuple, lo: Layout, level: str, split, static, stages) -> tuple[float, float]:
+        """The peak (GiB) at a recompute level, without and with EP overlap (the primary dispatcher's
+        buffers; :meth:`_peak_with` adds another's)."""
+        key = (c, level)
+        if self._peak_cache[0] != key:
+            est = self._estimator(c, mesh, lo, level)
+            self._peak_cache = (key, tuple(p / memory.GIB for p in est.peaks(split, static, stages)))
+        return self._peak_cache[1]
+
+    def _estimator(self, c: Candidate, mesh: tuple, lo: Layout, level: str) -> memory.Estimator:
+        """The estimator of a mesh at a recompute level, set to this candidate's VPP (and the work config
+        to the level's recompute, which its activations read)."""
+        self.work.recompute = self.recompute.get(level, self.base_recompute)
+        est = self.estimators.get((mesh, level))
+        if est is None:  # what an estimator precomputes depends on the mesh and the recompute only
+            terms = self.mesh_terms.get(mesh)
+            if terms is None:  # the activation terms depend on the mesh, not on VPP or the split
+                terms = self.mesh_terms[mesh] = (
+                    memory.layer_terms(self.work, lo, self.arch, False, flash=self.flash),
+                    memory.layer_terms(self.work, lo, self.arch, True, flash=self.flash) if self.arch.experts else {})
+            m = self.work.train.global_batch_size // (c.mbs * lo.dp)
+            est = self.estimators[(mesh, level)] = memory.Estimator(self.work, lo, self.arch, m, flash=self.flash,
+                                                                    terms=terms)
+        est.lo = lo  # this candidate's VPP
+        return est
+
+    def _peak_with(self, c: Candidate, mesh: tuple, lo: Layout, level: str, comm: Comm, split, static, stages) -> float:
+        """The peak (GiB) with another communication setting: EP overlap holds one more micro-batch chunk in
+        flight, a flex dispatcher adds its buffers."""
+        peak = self._peaks(c, mesh, lo, level, split, static, stages)[comm.ep_overlap]
+        return peak + self.flex_gib * (comm.flex - self.comms[0].flex)
+
+    def _comm_legal(self, c: Candidate, mesh: tuple, level: str, comm: Comm) -> bool:
+        """Whether the rules that read the dispatcher or EP overlap accept ``comm`` with this candidate: those
+        that read the mesh once per mesh, those that read the pipeline and recompute once per those."""
+        keys = ((mesh, comm.dispatcher), (c.pp, c.vpp, c.split, c.ep, level, comm))
+        for reads, key in zip(("mesh", "recompute"), keys):
+            ok = self.comm_rule_cache.get(key)
+            if ok is None:
+                cfg, primary = self.work, self.comms[0]
+                cfg.recompute = self.recompute.get(level, self.base_recompute)
+                cfg.dispatcher = self.dispatcher_nodes[comm.dispatcher]
+                cfg.overlap.overlap_moe_expert_parallel_comm = comm.ep_overlap
+                try:
+                    ok = self.comm_rule_cache[key] = not rules.check(self._set(c), self.mcore, self.arch,
+                                                                    reads=(reads,), comm_only=True)
+                finally:
+                    cfg.dispatcher = self.dispatcher_nodes[primary.dispatcher]
+                    cfg.overlap.overlap_moe_expert_parallel_comm = primary.ep_overlap
+            if not ok:
+                return False
+        return True
 
     def _preset_level(self, level: str, node: Any) -> Any:
         """A rung of the recompute ladder as stage=plan's suggestions apply it (selective: MLA-aware)."""
@@ -308,81 +403,48 @@ class Search:
         key = (c.pp, c.vpp, c.split, c.ep, level)
         if key not in self.recompute_rule_cache:
             self.work.recompute = self.recompute.get(level, self.base_recompute)
-            self.recompute_rule_cache[key] = rules.check(self.work, self.mcore, self.arch, reads=("recompute",))
+            self.recompute_rule_cache[key] = rules.check(self._set(c), self.mcore, self.arch, reads=("recompute",))
         return self.recompute_rule_cache[key]
 
-    def _remote_copies(self, lo: Layout) -> float:
-        """Copies of each token that cross the scale-out network in the all-to-all. The alltoall and
-        allgather dispatchers send one per routed expert on another node; the flex dispatchers
-        (DeepEP, HybridEP) one per other node routed to, forwarding inside the node over NVLink. Routing
-        is taken as uniform, or limited to ``moe_router_group_topk`` groups when the groups fall on nodes."""
-        key = (lo.ep, lo.etp)
-        if key not in self.remote_copies:
-            self.remote_copies[key] = self._count_remote_copies(lo)
-        return self.remote_copies[key]
-
-    def _count_remote_copies(self, lo: Layout) -> float:
-        a, group = self.arch, lo.ep * lo.etp
-        nodes = math.ceil(group / self.domain)
-        if nodes <= 1:
-            return 0.0
-        if self.flex:
-            reached = nodes * (1 - (1 - 1 / nodes) ** a.topk)
-            groups, group_topk = self.cfg.model.moe_router_num_groups, self.cfg.model.moe_router_group_topk
-            if groups and group_topk and groups % nodes == 0:
-                reached = min(reached, group_topk)  # node-limited routing
-            return reached * (nodes - 1) / nodes
-        return a.topk * (lo.ep - 1) / lo.ep * (1 - self.domain / group)
-
-    def _terms(self, cfg: Any, lo: Layout, ranks: list[params.RankParams], m: int, recompute: str) -> dict[str, float]:
-        a, s, b = self.arch, cfg.train.seq_length, cfg.train.micro_batch_size
-        world, domain, nvl, out = self.world, self.domain, self.nvlink, self.scaleout
-        tokens_step = cfg.train.global_batch_size * s
-        worst = max(ranks, key=lambda r: r.total)
-        # roofline per pipeline rank: the GEMMs' FLOPs at peak, or their weights streamed from HBM once per
-        # pass (read forward, read for the data gradient, fp32 main-grad read + write: 12 B per parameter)
-        # for every micro-batch, whichever is slower, for the dense part and the routed experts apart
-        per_rank = tokens_step * self.recompute_flops[recompute] / world
-        compute = (max(self.fpt_dense * per_rank / self.flops_s, 12 * worst.dense * m / self.hbm)
-                   + max(self.fpt_expert * per_rank / self.flops_s, 12 * worst.expert * m / self.hbm))
-        seq_rows = s * b / lo.cp
-        rows = seq_rows / lo.tp if lo.sp else seq_rows
-        layers = (a.num_layers + a.mtp) / lo.pp
-        moe_layers = (a.n_moe + (a.mtp if a.mtp_is_moe else 0)) / lo.pp
-        ep = 0.0
-        if lo.ep > 1:
-            per_copy = 4 * moe_layers * m * rows * a.h * 2  # one token copy: dispatch + combine, forward + backward
-            inside = min(1.0, domain / (lo.ep * lo.etp))
-            ep = per_copy * a.topk * (lo.ep - 1) / lo.ep * inside / nvl
-            ep += per_copy * self._remote_copies(lo) / out
-            if cfg.overlap.overlap_moe_expert_parallel_comm:  # hidden under another micro-batch's compute
-                ep = max(0.0, ep - compute)
-        etp = 0.0
-        if lo.etp > 1:  # tokens all-gathered to and reduce-scattered from the expert-TP group, fwd + bwd
-            etp = (4 * moe_layers * m * rows * a.topk * a.h * 2 * (lo.etp - 1)
-                   / (nvl if lo.ep * lo.etp <= domain else out))
-        tp = 8 * layers * m * seq_rows * a.h * 2 * (lo.tp - 1) / lo.tp / (nvl if lo.tp * lo.cp <= domain else out)
-        cp = (3 * layers * m * (lo.cp - 1) * seq_rows * 2 * a.kv_width * 2 / lo.tp
-              / (nvl if lo.tp * lo.cp <= domain else out))
-        dp_bw = nvl if world <= domain else out
-        dense_dp, edp = world // (lo.tp * lo.pp), world // (lo.ep * lo.etp * lo.pp)  # DP x CP, EDP
-        dp = (worst.dense * 6 * (dense_dp - 1) / dense_dp + worst.expert * 6 * (edp - 1) / edp) / dp_bw
-        if cfg.overlap.overlap_grad_reduce:  # bucketed reduce-scatter under the backward pass (2/3 of compute)
-            dp = max(dp / (m * (lo.vpp or 1)), dp - 2 / 3 * compute)
-        vpp = lo.vpp or 1
-        bubble = (lo.pp - 1) / (vpp * m) * (compute + ep + etp + tp + cp)
-        p2p_bw = out if world // lo.pp >= domain and world > domain else nvl
-        p2p = 2 * vpp * m * rows * a.h * 2 / p2p_bw if lo.pp > 1 else 0.0
-        terms = {"compute": compute, "ep": ep, "etp": etp, "tp": tp, "cp": cp, "dp": dp, "bubble": bubble, "p2p": p2p}
-        terms["step"] = sum(terms.values())
-        return terms
-
-    def run(self) -> list[Result]:
-        """Every candidate, evaluated; the legal ones that fit ranked 1..n."""
-        results = [self.evaluate(c) for c in enumerate_layouts(self.cfg, self.mbs)]
+    def run(self, workers: int | None = None) -> list[Result]:
+        """Every candidate, evaluated; the legal ones that fit ranked 1..n. ``workers``: processes to
+        evaluate in (None: one per CPU this process may use, for large searches, on Linux)."""
+        candidates = list(enumerate_layouts(self.cfg, self.mbs))
+        if workers is None:
+            workers = search_workers(len(candidates))
+        if workers > 1:
+            results = self._run_forked(candidates, workers)
+        else:
+            results = [self.evaluate(c) for c in candidates]
         rank(results, self.domain, self.cfg.train.seq_length)
         return results
 
+    def _run_forked(self, candidates: list[Candidate], workers: int) -> list[Result]:
+        """Evaluate in forked processes. The work is cut into tasks of whole (PP, TP, CP) groups (so a
+        process's caches stay warm), largest first, handed out as processes free up; the results come
+        back as plain tuples."""
+        groups: dict[tuple, list[int]] = {}
+        for i, c in enumerate(candidates):
+            groups.setdefault((c.pp, c.tp, c.cp), []).append(i)
+        tasks: list[list[int]] = []
+        size = -(-len(candidates) // (8 * workers))  # ~8 tasks per process
+        for g in sorted(groups.values(), key=len, reverse=True):
+            if tasks and len(tasks[-1]) + len(g) <= size:
+                tasks[-1].extend(g)
+            else:
+                tasks.append(list(g))
+        global _FORKED
+        _FORKED = (self, candidates, tasks)
+        try:
+            with multiprocessing.get_context("fork").Pool(workers) as pool:
+                packed = list(pool.imap_unordered(_evaluate_share, range(len(tasks))))
+        finally:
+            _FORKED = None
+        results: list[Result | None] = [None] * len(candidates)
+        for k, rows, violations in packed:
+            for i, row in zip(tasks[k], rows):
+                results[i] = _unpack(candidates[i], row, violations, self.comms)
+        return results
 
     def overrides(self, r: Result) -> list[str]:
         """The overrides that run a candidate as the search evaluated it: layout, micro batch, recompute,
@@ -390,6 +452,10 @@ class Search:
         out = r.candidate.overrides() + [f"train.global_batch_size={self.cfg.train.global_batch_size}"]
         if r.recompute and r.recompute != self.base_name:
             out += self._level_overrides(r.recompute)
+        if r.comm and r.comm.dispatcher != self.base_dispatcher:
+            out.append(f"dispatcher={r.comm.dispatcher}")
+        if r.comm and r.comm.ep_overlap != self.base_overlap:
+            out.append(f"overlap.overlap_moe_expert_parallel_comm={str(r.comm.ep_overlap).lower()}")
         return out
 
     def report(self, results: list[Result], seconds: float) -> dict[str, Any]:
@@ -405,11 +471,51 @@ class Search:
                        "pruned_by_memory": sum(r.pruned for r in results),
                        "fit": sum(r.legal and r.fits is not False for r in results), "ranked": len(ranked)},
             "search_seconds": round(seconds, 3),
-            "step_time_model": "moe_hydra.search (analytic, peak rates; see the module documentation)",
+            "step_time_model": {"model": "moe_hydra.step_model (analytic; see its documentation)",
+                                **dataclasses.asdict(cfg.step_model)},
+            "communication_settings": [c.describe() for c in self.comms],
             # overrides for the best: the rest follow from parallel, micro_batch_size and recompute
             "candidates": [{**r.as_dict(self.world), **({"overrides": self.overrides(r)} if i < OVERRIDES_FOR else {})}
                            for i, r in enumerate(ranked + rest)],
         }
+
+
+PARALLEL_FROM = 4000  # candidates from which a search forks (below, starting processes costs more than it saves)
+_FORKED: tuple | None = None  # (search, candidates, tasks) for the forked workers
+
+
+def search_workers(candidates: int) -> int:
+    """Processes for a search of this many candidates: the CPUs this process may use (its affinity, as
+    Slurm and cgroups set it), up to 8, on Linux (fork) and for large searches only; else 1.
+    ``MOE_HYDRA_SEARCH_WORKERS`` overrides it."""
+    if os.environ.get("MOE_HYDRA_SEARCH_WORKERS"):
+        return max(1, int(os.environ["MOE_HYDRA_SEARCH_WORKERS"]))
+    if candidates < PARALLEL_FROM or not sys.platform.startswith("linux"):
+        return 1
+    return max(1, min(8, len(os.sched_getaffinity(0))))
+
+
+def _evaluate_share(k: int) -> tuple[int, list[tuple], list[list[str]]]:
+    """A forked worker: evaluate task ``k``; results as tuples, violation lists numbered (each list once)."""
+    s, candidates, tasks = _FORKED
+    rows, violations, ids = [], [], {}
+    for i in tasks[k]:
+        r = s.evaluate(candidates[i])
+        v = ids.get(id(r.violations)) if r.violations else None
+        if r.violations and v is None:
+            v = ids[id(r.violations)] = len(violations)
+            violations.append(r.violations)
+        terms = tuple(r.terms[t] for t in (*TERMS, "step")) if r.terms else None
+        rows.append((v, r.recompute, r.memory_gib, r.fits, r.pruned,
+                     None if r.comm is None else s.comms.index(r.comm), terms))
+    return k, rows, violations
+
+
+def _unpack(c: Candidate, row: tuple, violations: list[list[str]], comms: list[Comm]) -> Result:
+    v, recompute, memory_gib, fits, pruned, comm, terms = row
+    return Result(c, [] if v is None else violations[v], recompute, memory_gib, fits,
+                  None if terms is None else dict(zip((*TERMS, "step"), terms)), pruned=pruned,
+                  comm=None if comm is None else comms[comm])
 
 
 def _priority(r: Result, domain: int, seq: int) -> tuple:

@@ -28,18 +28,19 @@ __all__ = ["RULES", "LayoutError", "Violation", "check", "validate"]
 
 
 def check(cfg: Any, mcore: McoreFacts | None = None, arch: Arch | None = None,
-          reads: tuple[str, ...] | None = None) -> list[Violation]:
+          reads: tuple[str, ...] | None = None, comm_only: bool = False) -> list[Violation]:
     """Every violation of ``cfg`` (a composed config as objects, e.g. ``OmegaConf.to_object``).
 
     ``arch``: the model's :class:`Arch` when the caller has it. ``reads``: only the rules that read
-    these (``fixed``, ``mesh``, ``pipeline``; see :func:`~moe_hydra.rules.base.rule`); None checks all."""
+    these (``fixed``, ``mesh``, ``pipeline``; see :func:`~moe_hydra.rules.base.rule`); None checks all.
+    ``comm_only``: only the rules that read the dispatcher or EP overlap."""
     if arch is None:
         try:
             arch = Arch.from_model(cfg.model)
         except ValueError:
             arch = None
     ctx = Ctx(cfg, Layout.from_config(cfg), arch, mcore or mcore_facts())
-    return [v for r in RULES if reads is None or r.reads in reads for v in r(ctx)]
+    return [v for r in RULES if (reads is None or r.reads in reads) and (r.comm or not comm_only) for v in r(ctx)]
 
 
 def validate(cfg: Any, subject: str | None = None, mcore: McoreFacts | None = None, arch: Arch | None = None) -> None:

@@ -87,7 +87,7 @@ Rule = Callable[[Ctx], Iterator[Violation]]
 RULES: list[Rule] = []
 
 
-def rule(fn: Rule | None = None, *, reads: str = "mesh"):
+def rule(fn: Rule | None = None, *, reads: str = "mesh", comm: bool = False):
     """Register a rule. ``reads`` says what of a layout it reads, so the layout search checks each rule
     as rarely as it can:
 
@@ -95,10 +95,12 @@ def rule(fn: Rule | None = None, *, reads: str = "mesh"):
     - ``mesh``: the parallel sizes and the micro batch (once per mesh);
     - ``pipeline``: PP, VPP, the pipeline split and the batch (DP, micro batch), nothing else of the mesh;
     - ``recompute``: PP, VPP, the split, EP and the recompute settings (once per recompute level the
-      search tries)."""
+      search tries).
+
+    ``comm``: the rule reads the dispatcher or EP overlap (the search also tries other settings of these)."""
 
     def register(f: Rule) -> Rule:
-        f.reads = reads
+        f.reads, f.comm = reads, comm
         RULES.append(f)
         return f
 

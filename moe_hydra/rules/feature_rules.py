@@ -12,7 +12,7 @@ from moe_hydra.rules.base import Ctx, V, _divisors, _fmt, _list, rule
 
 # --------------------------------------------------------------------------- dispatcher (L37-L45)
 
-@rule
+@rule(comm=True)
 def l37_l45_dispatcher(c: Ctx):
     d, r, lo = c.cfg.dispatcher, c.cfg.routing, c.layout
     if c.flex and d.moe_flex_dispatcher_backend is None:
@@ -171,9 +171,24 @@ def l57_l61_cuda_graphs(c: Ctx):
                 kernels__cuda_graph_scope=sorted(scope))
 
 
+# --------------------------------------------------------------------------- optimizer precision (O)
+
+@rule(reads="fixed")
+def o01_optimizer_dtypes(c: Ctx):
+    o = c.cfg.optimizer
+    if o.use_precision_aware_optimizer:
+        return
+    for name in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
+        if getattr(o, name) != "fp32":
+            yield V("O01", f"optimizer.{name} can only be fp32 without the precision-aware optimizer (Megatron-Core "
+                    "asserts it); the gradient buffer's dtype is optimizer.grad_reduce_in_fp32",
+                    f"optimizer.use_precision_aware_optimizer=true, or optimizer.{name}=fp32",
+                    **{f"optimizer__{name}": getattr(o, name), "optimizer__use_precision_aware_optimizer": False})
+
+
 # --------------------------------------------------------------------------- EP overlap (L64-L73)
 
-@rule(reads="recompute")
+@rule(reads="recompute", comm=True)
 def l65_l73_ep_overlap(c: Ctx):
     o, lo = c.cfg.overlap, c.layout
     if o.delay_wgrad_compute and not o.overlap_moe_expert_parallel_comm:
@@ -187,7 +202,7 @@ def l65_l73_ep_overlap(c: Ctx):
     if c.cfg.dispatcher.moe_token_dispatcher_type not in ("alltoall", "flex"):
         yield V("L66", "EP overlap needs the alltoall or flex dispatcher", f"dispatcher=alltoall, or {off}",
                 dispatcher__name=c.cfg.dispatcher.name)
-    if lo.pp > 1 and lo.vpp is None and c.p.pipeline_model_parallel_layout is None:
+    if lo.pp > 1 and lo.vpp is None:  # a layout string with PP stages only leaves VPP unset too
         yield V("L67", "EP overlap with PP > 1 needs VPP", f"parallel.virtual_pipeline_model_parallel_size=2, or {off}",
                 parallel__pipeline_model_parallel_size=lo.pp, parallel__virtual_pipeline_model_parallel_size=None)
     mods = c.cfg.recompute.recompute_modules or []

@@ -24,6 +24,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from moe_hydra.search import search_workers  # noqa: E402
 
 CODE = """
 import dataclasses, sys, time
@@ -72,7 +75,7 @@ def main() -> None:
         serial.append(t)
     b, f, s = statistics.median(base), statistics.median(full), statistics.median(serial)
     print(f"{args.model} on {args.nodes * 8} x H100: {n} candidate layouts, median of {args.runs} fresh processes, "
-          f"{search.search_workers(n)} worker(s) on this machine")
+          f"{search_workers(n)} worker(s) on this machine")
     print(f"  baseline (rules only) : {b:.3f} s")
     print(f"  search                : {f:.3f} s  ({f / b:.2f}x the baseline)")
     print(f"  search, one process   : {s:.3f} s  ({s / b:.2f}x the baseline)")

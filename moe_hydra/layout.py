@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from moe_hydra.pipeline import expand_layout
+from moe_hydra.pipeline import stage_count
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +39,7 @@ class Layout:
         tp, pp, vpp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size, p.virtual_pipeline_model_parallel_size
         if vpp is None and p.pipeline_model_parallel_layout is not None and pp > 0:
             try:  # a layout string defines VPP = stages / PP, as Megatron derives it
-                stages = len(expand_layout(p.pipeline_model_parallel_layout))
+                stages = stage_count(p.pipeline_model_parallel_layout)
                 vpp = stages // pp if stages > pp and stages % pp == 0 else None
             except ValueError:
                 vpp = None  # the rules report the malformed layout

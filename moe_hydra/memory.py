@@ -282,16 +282,15 @@ class Estimator:
         """The most-loaded stage's total without and with EP overlap (one more micro-batch chunk in flight,
         where the schedule holds more than it has)."""
         off = on = 0.0
+        pp, vpp, m, frag = self.lo.pp, self.lo.vpp, self.microbatches, 1 + self.allowance["fragmentation"]
         for i in candidates if candidates is not None else range(len(split)):
             r = split[i]
-            act, _, chunk = self._activations(r, False)
+            act, held, chunk = self._activations(r, False)
             est = sum(static[i]) + act
-            off = max(off, est + self.allowance_total(est))
-            held, _ = in_flight_chunks(self.lo.pp, self.lo.vpp, r.pp_rank, self.microbatches, False)
-            more, _ = in_flight_chunks(self.lo.pp, self.lo.vpp, r.pp_rank, self.microbatches, True)
-            est += (more - held) * chunk
-            on = max(on, est + self.allowance_total(est))
-        return off, on
+            off = max(off, est * frag)
+            more, per_rank = in_flight_chunks(pp, vpp, r.pp_rank, m, True)  # chunks held with EP overlap
+            on = max(on, (est + (more - held * per_rank) * chunk) * frag)
+        return off + self._fixed_allowance, on + self._fixed_allowance
 
     def allowance_total(self, estimated: float) -> float:
         return self._fixed_allowance + self.allowance["fragmentation"] * estimated

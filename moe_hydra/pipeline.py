@@ -26,6 +26,11 @@ def expand_layout(layout: str) -> list[str]:
     return list(_expand(layout))
 
 
+def stage_count(layout: str) -> int:
+    """The number of virtual stages of a layout string."""
+    return len(_expand(layout))
+
+
 @lru_cache(maxsize=1024)
 def _expand(layout: str) -> tuple[str, ...]:
     text = layout.replace(" ", "")

@@ -289,12 +289,12 @@ class Search:
         cached = self.rank_params.get(key)
         if cached is None:
             ranks = params.params_per_rank(self.arch, lo, self._set(c).parallel, te_spec=self.te_spec, split=split)
-            cached = self.rank_params[key] = [ranks, memory.peak_candidates(self.arch, split, ranks), None]
-        ranks, stages_to_check, static = cached
+            cached = self.rank_params[key] = [ranks, memory.peak_candidates(self.arch, split, ranks), None,
+                                              max(ranks, key=lambda r: r.total)]
+        ranks, stages_to_check, static, worst = cached
         if static is None:  # the states depend on the parameters and DP x CP (= world / (TP PP)) and EDP only
             static = cached[2] = self._estimator(c, mesh, lo, self.base_name).static(ranks)
         level, peak, fits = self._least_recompute(c, mesh, lo, split, static, stages_to_check)
-        worst = max(ranks, key=lambda r: r.total)
         best, best_step = (self.comms[0], level, peak, fits), None
         if fits is not False and len(self.comms) > 1:
             model, cross_node = self.model, c.ep * c.etp > self.domain

@@ -3,7 +3,10 @@
     python -m moe_hydra stage=plan model=qwen3_235b_a22b hardware=h100_sxm hardware.nodes=32 hydra/sweeper=layout -m
     python -m moe_hydra model=tiny_moe hardware.devices_per_node=2 hydra/sweeper=layout hydra.sweeper.top_k=4 -m
 
-1. Compose the command's overrides into one config (its own layout, if any, is replaced).
+1. Compose the command's overrides into one config (its own layout, if any, is replaced). Choose the
+   communication settings to try with every layout (:meth:`LayoutSweeperImpl.communication`): on GPUs
+   the configured dispatcher and the hardware's flex dispatcher, EP overlap off and on — unless the
+   command sets them.
 2. :class:`moe_hydra.search.Search`: enumerate -> legality -> fit -> rank; print the top of the
    ranking with every step-time term; write ``layouts.json`` and a ready-to-run sweep of the top
    layouts (``search/experiment/layout_NN.yaml`` + ``run_top.sh``) into the sweep directory.

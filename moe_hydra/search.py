@@ -295,26 +295,36 @@ class Search:
         if static is None:  # the states depend on the parameters and DP x CP (= world / (TP PP)) and EDP only
             static = cached[2] = self._estimator(c, mesh, lo, self.base_name).static(ranks)
         level, peak, fits = self._least_recompute(c, mesh, lo, split, static, stages_to_check)
-        best, best_step = (self.comms[0], level, peak, fits), None
+        comm = self.comms[0]
         if fits is not False and len(self.comms) > 1:
-            model, cross_node = self.model, c.ep * c.etp > self.domain
-            best_step = model.step(lo, worst.dense, worst.expert, c.mbs, level, best[0].flex, best[0].ep_overlap)
-            for comm in self.comms[1:]:
-                if (comm.flex and not cross_node and not self.comms[0].flex) or (comm.ep_overlap and c.ep == 1):
-                    continue  # the model gives the same time (flex inside the domain), or a rule refuses it (L65)
-                for lvl in self.levels_from[level]:
-                    step = model.step(lo, worst.dense, worst.expert, c.mbs, lvl, comm.flex, comm.ep_overlap)
-                    if step >= best_step:
-                        break  # more recompute only adds time
-                    if (lvl != self.base_name and self._recompute_violations(c, lvl)) or not self._comm_legal(c, mesh, lvl, comm):
-                        continue
-                    peak_c = self._peak_with(c, mesh, lo, lvl, comm, split, static, stages_to_check)
-                    if self.cap is None or peak_c <= self.cap:
-                        best, best_step = (comm, lvl, peak_c, fits), step
-                        break
-        comm, level, peak, fits = best
+            comm, level, peak = self._fastest_comm(c, mesh, lo, level, peak, worst, split, static, stages_to_check)
         terms = self.model.terms(lo, worst.dense, worst.expert, c.mbs, level, comm.flex, comm.ep_overlap)
         return Result(c, [], level, peak, fits, terms, comm=comm)
+
+    def _fastest_comm(self, c: Candidate, mesh: tuple, lo: Layout, level: str, peak: float, worst, split, static,
+                      stages) -> tuple[Comm, str, float]:
+        """(setting, recompute, peak GiB): the fastest communication setting that the rules accept and that
+        fits, at the primary's least recompute or above."""
+        model, primary = self.model, self.comms[0]
+        best = (primary, level, peak)
+        best_step = model.step(lo, worst.dense, worst.expert, c.mbs, level, primary.flex, primary.ep_overlap)
+        cross_node = c.ep * c.etp > self.domain
+        for comm in self.comms[1:]:
+            if (comm.flex and not cross_node and not primary.flex) or (comm.ep_overlap and c.ep == 1):
+                continue  # the model gives the same time (flex inside the domain), or a rule refuses it (L65)
+            for lvl in self.levels_from[level]:
+                step = model.step(lo, worst.dense, worst.expert, c.mbs, lvl, comm.flex, comm.ep_overlap)
+                if step >= best_step:
+                    break  # more recompute only adds time
+                if lvl != self.base_name and self._recompute_violations(c, lvl):
+                    continue
+                if not self._comm_legal(c, mesh, lvl, comm):
+                    continue
+                peak_c = self._peak_with(c, mesh, lo, lvl, comm, split, static, stages)
+                if self.cap is None or peak_c <= self.cap:
+                    best, best_step = (comm, lvl, peak_c), step
+                    break
+        return best
 
     def _set(self, c: Candidate) -> Any:
         """The working config with ``c``'s layout fields (set once per candidate, when a cache misses)."""

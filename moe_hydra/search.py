@@ -437,7 +437,7 @@ class Search:
         for i, c in enumerate(candidates):
             groups.setdefault((c.pp, c.tp, c.cp), []).append(i)
         tasks: list[list[int]] = []
-        size = -(-len(candidates) // (8 * workers))  # ~8 tasks per process
+        size = -(-len(candidates) // (16 * workers))  # ~16 tasks per process
         for g in sorted(groups.values(), key=len, reverse=True):
             if tasks and len(tasks[-1]) + len(g) <= size:
                 tasks[-1].extend(g)

@@ -59,7 +59,6 @@ Pure: standard library only.
 from __future__ import annotations
 
 import functools
-
 from dataclasses import dataclass
 from typing import Any
 

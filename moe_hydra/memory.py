@@ -271,25 +271,21 @@ class Estimator:
             out.append(StageMemory(r.pp_rank, weights, grads, opt, act, mbs, self.allowance_total(weights + grads + opt + act)))
         return out
 
-    def peak(self, split: tuple[RankLayers, ...], static: list[tuple[float, float, float]],
-             candidates: list[int] | None = None) -> float:
-        """The most-loaded stage's total. ``candidates``: the stages that can be it (:func:`peak_candidates`)."""
-        return self.peaks(split, static, candidates)[self.cfg.overlap.overlap_moe_expert_parallel_comm]
-
     def peaks(self, split: tuple[RankLayers, ...], static: list[tuple[float, float, float]],
               candidates: list[int] | None = None) -> tuple[float, float]:
         """The most-loaded stage's total without and with EP overlap (one more micro-batch chunk in flight,
-        where the schedule holds more than it has)."""
+        where the schedule holds more than it has). ``candidates``: the stages that can be the most loaded
+        (:func:`peak_candidates`)."""
         off = on = 0.0
-        pp, vpp, m, frag = self.lo.pp, self.lo.vpp, self.microbatches, 1 + self.allowance["fragmentation"]
         for i in candidates if candidates is not None else range(len(split)):
             r = split[i]
             act, held, chunk = self._activations(r, False)
             est = sum(static[i]) + act
-            off = max(off, est * frag)
-            more, per_rank = in_flight_chunks(pp, vpp, r.pp_rank, m, True)  # chunks held with EP overlap
-            on = max(on, (est + (more - held * per_rank) * chunk) * frag)
-        return off + self._fixed_allowance, on + self._fixed_allowance
+            off = max(off, est + self.allowance_total(est))
+            more, per_rank = in_flight_chunks(self.lo.pp, self.lo.vpp, r.pp_rank, self.microbatches, True)
+            est += (more - held * per_rank) * chunk  # the chunks held with EP overlap
+            on = max(on, est + self.allowance_total(est))
+        return off, on
 
     def allowance_total(self, estimated: float) -> float:
         return self._fixed_allowance + self.allowance["fragmentation"] * estimated

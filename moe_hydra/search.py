@@ -316,9 +316,7 @@ class Search:
                 step = model.step(lo, worst.dense, worst.expert, c.mbs, lvl, comm.flex, comm.ep_overlap)
                 if step >= best_step:
                     break  # more recompute only adds time
-                if lvl != self.base_name and self._recompute_violations(c, lvl):
-                    continue
-                if not self._comm_legal(c, mesh, lvl, comm):
+                if self._level_refused(c, lvl) or not self._comm_legal(c, mesh, lvl, comm):
                     continue
                 peak_c = self._peak_with(c, mesh, lo, lvl, comm, split, static, stages)
                 if self.cap is None or peak_c <= self.cap:
@@ -339,7 +337,7 @@ class Search:
         """(level, peak GiB, fits) with the primary communication setting: the least recompute that fits."""
         cap, overlap = self.cap, self.comms[0].ep_overlap
         for name in self.recompute:
-            if name != self.base_name and self._recompute_violations(c, name):
+            if self._level_refused(c, name):
                 continue  # e.g. full recompute with EP overlap
             peak = self._peaks(c, mesh, lo, name, split, static, stages)[overlap]
             fits = None if cap is None else peak <= cap
@@ -408,6 +406,10 @@ class Search:
 
     def _level_overrides(self, level: str) -> list[str]:
         return plan.selective_recompute(self.arch) if level == "selective" else [f"recompute={level}"]
+
+    def _level_refused(self, c: Candidate, level: str) -> bool:
+        """Whether the rules refuse a rung of the recompute ladder above the configured one."""
+        return level != self.base_name and bool(self._recompute_violations(c, level))
 
     def _recompute_violations(self, c: Candidate, level: str) -> list:
         key = (c.pp, c.vpp, c.split, c.ep, level)

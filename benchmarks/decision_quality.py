@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from moe_hydra import stats
+from moe_hydra.core import stats
 
 
 def main() -> None:

@@ -37,7 +37,7 @@ def bare_worker(steps: int, first: int, out: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from moe_hydra import compat
+    from moe_hydra.job import compat
 
     compat.apply()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
@@ -53,7 +53,7 @@ def bare_worker(steps: int, first: int, out: str) -> None:
     from megatron.core.transformer.module import Float16Module
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from moe_hydra.data import MockData
+    from moe_hydra.job.data import MockData
 
     ps.initialize_model_parallel(expert_model_parallel_size=world, expert_tensor_parallel_size=1)
     torch.manual_seed(1234)

@@ -26,16 +26,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from moe_hydra.search import search_workers  # noqa: E402
+from moe_hydra.planning.search import search_workers  # noqa: E402
 
 CODE = """
 import dataclasses, sys, time
 sys.path[:0] = [{root!r}, {tests!r}]
 from conftest import compose_config
-from moe_hydra import rules, search
-from moe_hydra.arch import Arch
-from moe_hydra.layout_sweeper import LayoutSweeperImpl
-from moe_hydra.versions import mcore_facts
+from moe_hydra.planning import rules, search
+from moe_hydra.core.arch import Arch
+from moe_hydra.launch.layout_sweeper import LayoutSweeperImpl
+from moe_hydra.core.versions import mcore_facts
 cfg = compose_config("stage=plan", "model={model}", "hardware=h100_sxm", "hardware.nodes={nodes}")
 t = time.perf_counter()
 if {baseline}:

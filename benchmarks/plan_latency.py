@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 BARE_APP = f"""
 import hydra
-from moe_hydra.schema import register_configs
+from moe_hydra.core.schema import register_configs
 
 register_configs()
 

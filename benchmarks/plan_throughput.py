@@ -29,9 +29,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from conftest import compose_config  # noqa: E402
 
-from moe_hydra import plan, rules, search  # noqa: E402
-from moe_hydra.arch import Arch  # noqa: E402
-from moe_hydra.versions import mcore_facts  # noqa: E402
+from moe_hydra.core.arch import Arch  # noqa: E402
+from moe_hydra.core.versions import mcore_facts  # noqa: E402
+from moe_hydra.planning import plan, rules, search  # noqa: E402
 
 
 def main() -> None:

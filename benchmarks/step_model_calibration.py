@@ -29,9 +29,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from conftest import compose_config  # noqa: E402
 
-from moe_hydra import search  # noqa: E402
-from moe_hydra.layout import Layout  # noqa: E402
-from moe_hydra.step_model import PUBLISHED, Published, StepModel  # noqa: E402
+from moe_hydra.core.layout import Layout  # noqa: E402
+from moe_hydra.planning import search  # noqa: E402
+from moe_hydra.planning.step_model import PUBLISHED, Published, StepModel  # noqa: E402
 
 FREE = {  # fitted: name -> (lower, upper)
     "host_ms_per_moe_layer": (0.0, 30.0),

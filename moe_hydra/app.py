@@ -18,9 +18,13 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from moe_hydra import cli, env, plan, slurm, sweep
-from moe_hydra.rules import LayoutError
-from moe_hydra.schema import Stage, register_configs
+from moe_hydra import cli
+from moe_hydra.core import env, io
+from moe_hydra.core.schema import Stage, register_configs
+from moe_hydra.launch import slurm
+from moe_hydra.launch import state as sweep
+from moe_hydra.planning import plan
+from moe_hydra.planning.rules import LayoutError
 
 log = logging.getLogger("moe_hydra")
 
@@ -128,10 +132,10 @@ def run_point(cfg: DictConfig) -> dict | None:
     try:
         p = plan.make_plan(obj, swept, snapshot)
     except LayoutError as e:
-        plan.write_json(e.record(), out_dir / "violations.json")
+        io.write_json(e.record(), out_dir / "violations.json")
         message = e.report()
         if obj.stage is Stage.run:
-            from moe_hydra import launch
+            from moe_hydra.launch import local as launch
 
             machine = launch.preflight(obj)
             if machine:
@@ -142,15 +146,15 @@ def run_point(cfg: DictConfig) -> dict | None:
     rank = slurm.slurm_rank()
     if rank is not None:  # one task of a Slurm job: this process is one rank
         return _run_slurm_task(cfg, obj, p, out_dir, rank, snapshot)
-    plan.write_json(p, out_dir / "plan.json")
-    plan.write_json(snapshot, out_dir / "env.json")
+    io.write_json(p, out_dir / "plan.json")
+    io.write_json(snapshot, out_dir / "env.json")
     if obj.stage is Stage.run:
-        from moe_hydra import launch
+        from moe_hydra.launch import local as launch
 
         too_big = plan.unfit(obj, p)
         if too_big:
             refusal = LayoutError([too_big], _point_name())
-            plan.write_json(refusal.record(), out_dir / "violations.json")
+            io.write_json(refusal.record(), out_dir / "violations.json")
             _report_invalid(refusal.report())
             return None
         problems = launch.preflight(obj)
@@ -173,7 +177,7 @@ def _run_fit(cfg: DictConfig, obj, p: dict, out_dir: Path) -> dict:
     """stage=fit: build the chosen ranks on the fake process group; the estimator must agree exactly."""
     from rich.console import Console
 
-    from moe_hydra import fit
+    from moe_hydra.job import fit
 
     config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     report = fit.run(obj, config, p, out_dir)
@@ -200,12 +204,12 @@ def _run_fit(cfg: DictConfig, obj, p: dict, out_dir: Path) -> dict:
 def _run_slurm_task(cfg: DictConfig, obj, p: dict, out_dir: Path, rank: int, snapshot: dict) -> dict | None:
     """Inside a Slurm job: rank 0 owns the output directory; every rank trains. Failures raise, so
     Hydra and submitit record them for the launcher that waits on this job."""
-    from moe_hydra import launch
-    from moe_hydra.job import worker
+    from moe_hydra.job.train import worker
+    from moe_hydra.launch import local as launch
 
     if rank == 0:
-        plan.write_json(p, out_dir / "plan.json")
-        plan.write_json(snapshot, out_dir / "env.json")
+        io.write_json(p, out_dir / "plan.json")
+        io.write_json(snapshot, out_dir / "env.json")
     if obj.stage is Stage.fit and rank == 0:  # the fit builds its ranks as processes of its own
         return _run_fit(cfg, obj, p, out_dir)
     if obj.stage is not Stage.run:
@@ -220,7 +224,7 @@ def _run_slurm_task(cfg: DictConfig, obj, p: dict, out_dir: Path, rank: int, sna
 
 def _run_job(cfg: DictConfig, p: dict, out_dir: Path, snapshot: dict) -> dict | None:
     """stage=run: start the ranks (the machine was checked), report the measured run."""
-    from moe_hydra import launch
+    from moe_hydra.launch import local as launch
 
     spec = {"config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), "out_dir": str(out_dir), "plan": p,
             "env": snapshot}
@@ -244,7 +248,7 @@ def _hydra_app(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    from moe_hydra import layout_sweeper
+    from moe_hydra.launch import layout_sweeper
 
     register_configs()
     slurm.register()

@@ -13,7 +13,7 @@ import difflib
 import typing
 from pathlib import Path
 
-from moe_hydra.schema import Config
+from moe_hydra.core.schema import Config
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 

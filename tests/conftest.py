@@ -13,8 +13,8 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from moe_hydra.cli import CONF_DIR
-from moe_hydra import slurm
-from moe_hydra.schema import register_configs
+from moe_hydra.core.schema import register_configs
+from moe_hydra.launch import slurm
 
 ROOT = Path(__file__).resolve().parent.parent
 

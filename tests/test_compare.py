@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from moe_hydra import compare, contract
-from moe_hydra.stats import FASTER, SAME, SLOWER, welch
+from moe_hydra.analysis import compare
+from moe_hydra.core import contract
+from moe_hydra.core.stats import FASTER, SAME, SLOWER, welch
 
 BASE_CONTRACT = {"dispatcher": {"name": "alltoall"}, "train": {"seq_length": 128}, "parallel": {"ep": 1}}
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from omegaconf.errors import ValidationError
 from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ValidationError
 
-from moe_hydra import cli, rules
-from moe_hydra.layout import Layout
-from moe_hydra.plan import make_plan
+from moe_hydra import cli
+from moe_hydra.core.layout import Layout
+from moe_hydra.planning import rules
+from moe_hydra.planning.plan import make_plan
 from tests.conftest import compose_config
 
 GROUPS = cli.groups()

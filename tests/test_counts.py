@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from moe_hydra.arch import Arch, padded_vocab_size, parse_moe_layer_freq
-from moe_hydra.flops import flops_per_token
-from moe_hydra.layout import Layout
-from moe_hydra.params import active_params, params_per_rank, total_params
+from moe_hydra.core.arch import Arch, padded_vocab_size, parse_moe_layer_freq
+from moe_hydra.core.flops import flops_per_token
+from moe_hydra.core.layout import Layout
+from moe_hydra.core.params import active_params, params_per_rank, total_params
 from tests.conftest import compose_config
 
 

@@ -8,7 +8,8 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from moe_hydra import fit, plan
+from moe_hydra.job import fit
+from moe_hydra.planning import plan
 from tests.conftest import compose_config
 
 pytestmark = pytest.mark.slow

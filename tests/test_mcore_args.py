@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from moe_hydra.mcore_args import FUSIONS, transformer_config_kwargs
-from moe_hydra.versions import mcore_facts
+from moe_hydra.core.versions import mcore_facts
+from moe_hydra.job.mcore_args import FUSIONS, transformer_config_kwargs
 from tests.conftest import compose_config
 
 PRESETS = [["model=deepseek_v3", "hardware=h100_sxm", "hardware.nodes=128", "mesh=dsv3_h100_1024"],

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from moe_hydra import memory, plan
+from moe_hydra.planning import memory, plan
 from tests.conftest import compose_config
 
 H100 = "hardware=h100_sxm"
@@ -124,7 +124,7 @@ def test_activations_grow_with_micro_batch_and_top_k():
     cfg, a = _assess(*QWEN30_EP16)
     k8 = memory.layer_terms(cfg, a.layout, a.arch, True, flash=True)
     cfg4 = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, moe_router_topk=4))
-    from moe_hydra.arch import Arch
+    from moe_hydra.core.arch import Arch
 
     k4 = memory.layer_terms(cfg4, a.layout, Arch.from_model(cfg4.model), True, flash=True)
     for term in ("expert_fc1", "expert_act_in", "moe_act", "unpermute"):

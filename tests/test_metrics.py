@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from moe_hydra.metrics import StepRecord, peak_tflops, summarize
+from moe_hydra.core.metrics import StepRecord, peak_tflops, summarize
 
 
 def records(times, losses=None):

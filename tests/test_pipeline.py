@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from moe_hydra.pipeline import assign, expand_layout, virtual_stage_sizes
+from moe_hydra.core.pipeline import assign, expand_layout, virtual_stage_sizes
 
 
 def test_expand_dsv3_layout():

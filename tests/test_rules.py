@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from moe_hydra import rules
-from moe_hydra.rules import LayoutError
-from moe_hydra.versions import mcore_facts
+from moe_hydra.core.versions import mcore_facts
+from moe_hydra.planning import rules
+from moe_hydra.planning.rules import LayoutError
 from tests.conftest import compose_config
 
 OLD = mcore_facts("0.16.1")

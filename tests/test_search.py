@@ -10,11 +10,11 @@ import shlex
 
 import pytest
 
-from moe_hydra import plan, rules, search
-from moe_hydra.arch import Arch
-from moe_hydra.layout import Layout
-from moe_hydra.versions import mcore_facts
-from moe_hydra.layout_sweeper import LayoutSweeperImpl
+from moe_hydra.core.arch import Arch
+from moe_hydra.core.layout import Layout
+from moe_hydra.core.versions import mcore_facts
+from moe_hydra.launch.layout_sweeper import LayoutSweeperImpl
+from moe_hydra.planning import plan, rules, search
 from tests.conftest import compose_config, run_cli
 
 H100 = "hardware=h100_sxm"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from moe_hydra import search
-from moe_hydra.step_model import PUBLISHED
+from moe_hydra.planning import search
+from moe_hydra.planning.step_model import PUBLISHED
 from tests.conftest import compose_config
 
 

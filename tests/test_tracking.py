@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_hydra import contract, env
+from moe_hydra.core import contract, env
 
 
 def plan_of(path: Path) -> dict:

@@ -3,7 +3,7 @@
 The logic lives in :mod:`moe_hydra.slurm`; this module only gives it the name Hydra accepts.
 """
 
-from moe_hydra.slurm import SlurmLauncherImpl
+from moe_hydra.launch.slurm import SlurmLauncherImpl
 
 
 class SlurmLauncher(SlurmLauncherImpl):

@@ -4,7 +4,7 @@ The logic lives in :mod:`moe_hydra.layout_sweeper` (and the search in :mod:`moe_
 module only gives it the name Hydra accepts.
 """
 
-from moe_hydra.layout_sweeper import LayoutSweeperImpl
+from moe_hydra.launch.layout_sweeper import LayoutSweeperImpl
 
 
 class LayoutSweeper(LayoutSweeperImpl):

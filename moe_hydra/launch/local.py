@@ -103,7 +103,7 @@ def launch_local(spec: dict[str, Any], world_size: int, out_dir: Path) -> dict[s
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from moe_hydra.job import worker
+    from moe_hydra.job.train import worker
 
     logs = out_dir / "ranks"
     config = LaunchConfig(

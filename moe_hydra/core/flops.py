@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from moe_hydra.arch import Arch
+from moe_hydra.core.arch import Arch
 
 COUNTER = "megatron-core num_floating_point_operations (MTP counted, SWA not discounted)"
 

@@ -31,11 +31,11 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from moe_hydra import metrics
-from moe_hydra.arch import Arch
-from moe_hydra.plan import write_json
-from moe_hydra.schema import Config
-from moe_hydra.versions import mcore_facts
+from moe_hydra.core import metrics
+from moe_hydra.core.arch import Arch
+from moe_hydra.core.io import write_json
+from moe_hydra.core.schema import Config
+from moe_hydra.core.versions import mcore_facts
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
@@ -62,7 +62,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any] | None:
         raise
     finally:
         if rank == 0 and results is not None:
-            from moe_hydra import tracking
+            from moe_hydra.job import tracking
 
             tracking.log_run(spec["config"], results, out_dir, spec["plan"]["tracking"], cfg.logger)
 
@@ -93,7 +93,7 @@ class Job:
         import torch
         import torch.distributed as dist
 
-        from moe_hydra import compat
+        from moe_hydra.job import compat
 
         self.shims = compat.apply()
         self.on_gpu = torch.cuda.is_available()
@@ -132,7 +132,7 @@ class Job:
         import torch
         from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
-        from moe_hydra.mcore_args import transformer_config_kwargs
+        from moe_hydra.job.train.mcore_args import transformer_config_kwargs
 
         kw = transformer_config_kwargs(self.cfg, mcore_facts(), on_gpu=self.on_gpu, with_te=self.with_te)
         for key in ("params_dtype", "pipeline_dtype"):
@@ -158,7 +158,7 @@ class Job:
         from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
         from megatron.core.transformer.module import Float16Module
 
-        from moe_hydra.weights import layout_invariant_init
+        from moe_hydra.job.train.weights import layout_invariant_init
 
         m, seed = self.cfg.model, self.cfg.seed
         torch.manual_seed(seed)
@@ -203,7 +203,11 @@ class Job:
 
     def wrap_and_optimizer(self, tcfg, chunks):
         import torch
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
         o, ov = self.cfg.optimizer, self.cfg.overlap
@@ -272,12 +276,12 @@ class Job:
         from megatron.core import parallel_state as ps
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        from moe_hydra import telemetry
-        from moe_hydra.data import MockData
+        from moe_hydra.job import telemetry
+        from moe_hydra.job.train.data import MockData
 
         self._init_distributed()
         if self.rank == 0:
-            from moe_hydra import env
+            from moe_hydra.core import env
 
             # the planner's snapshot (taken on this machine), plus what only a process with torch can see
             write_json({**(self.env_snapshot or env.snapshot()), "runtime": env.runtime()}, out_dir / "env.json")

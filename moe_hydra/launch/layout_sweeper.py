@@ -36,10 +36,12 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from moe_hydra import plan, search, stats, sweep
-from moe_hydra.compare import Run
-from moe_hydra.schema import Config, Stage, typed
-from moe_hydra.step_model import TERMS
+from moe_hydra.analysis.compare import Run
+from moe_hydra.core import io, stats
+from moe_hydra.core.schema import Config, Stage, typed
+from moe_hydra.launch import state as sweep
+from moe_hydra.planning import search
+from moe_hydra.planning.step_model import TERMS
 
 log = logging.getLogger(__name__)
 
@@ -129,14 +131,14 @@ class LayoutSweeperImpl(Sweeper):
         seconds = time.perf_counter() - t0
         report = s.report(results, seconds)
         ranked = [r for r in report["candidates"] if r["rank"]]
-        console = sweep.console()
+        console = io.console()
         console.print(render_ranking(report, self.table_rows))
         base = [a for a in arguments if not a.startswith("hydra/sweeper") and not a.startswith("hydra.sweeper")]
         if ranked:
             report["ready_to_run"] = write_sweep(sweep_dir, ranked[: self.table_rows], base)
             console.print(f"ready-to-run sweep of the top {min(len(ranked), self.table_rows)}: "
                           f"{report['ready_to_run']['script']}", markup=False)
-        plan.write_json(report, sweep_dir / "layouts.json", indent=None)
+        io.write_json(report, sweep_dir / "layouts.json", indent=None)
         log.info("layouts written to %s (%d candidates, %d ranked, search %.2f s)", sweep_dir / "layouts.json",
                  report["counts"]["candidates"], len(ranked), seconds)
         if not ranked:
@@ -149,7 +151,7 @@ class LayoutSweeperImpl(Sweeper):
             return []
         screening = self._screen(cfg, s, ranked[: self.top_k], base, sweep_dir)
         report["screening"] = screening
-        plan.write_json(report, sweep_dir / "layouts.json", indent=None)
+        io.write_json(report, sweep_dir / "layouts.json", indent=None)
         return []
 
     def communication(self, cfg: Config, set_by_command: set[str]) -> tuple[list[str], list[bool]]:
@@ -180,7 +182,7 @@ class LayoutSweeperImpl(Sweeper):
             job_dir = sweep_dir / str(i)
             arms.append(_arm(c, sweep.complete_results(job_dir), job_dir))
         table = rank_measured(arms, cfg.hardware.run_to_run_noise)
-        console = sweep.console()
+        console = io.console()
         console.print(render_screening(table))
         best = next((a for a in table["arms"] if a["measured_rank"] == 1), None)
         if best:

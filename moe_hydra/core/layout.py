@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from moe_hydra.pipeline import stage_count
+from moe_hydra.core.pipeline import stage_count
 
 
 @dataclass(frozen=True, slots=True)

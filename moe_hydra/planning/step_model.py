@@ -52,9 +52,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from moe_hydra import flops, metrics
-from moe_hydra.arch import Arch
-from moe_hydra.layout import Layout
+from moe_hydra.core import flops, metrics
+from moe_hydra.core.arch import Arch
+from moe_hydra.core.layout import Layout
 
 NOMINAL_TFLOPS, NOMINAL_GB_S = 1.0, 10.0
 TERMS = ("compute", "ep", "etp", "tp", "cp", "host", "dp", "bubble", "p2p")

@@ -62,10 +62,10 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from moe_hydra.arch import Arch
-from moe_hydra.layout import Layout
-from moe_hydra.params import RankParams
-from moe_hydra.pipeline import RankLayers
+from moe_hydra.core.arch import Arch
+from moe_hydra.core.layout import Layout
+from moe_hydra.core.params import RankParams
+from moe_hydra.core.pipeline import RankLayers
 
 GIB = 2**30
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}

@@ -20,9 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from moe_hydra.arch import Arch
-from moe_hydra.layout import Layout
-from moe_hydra.pipeline import RankLayers, assign
+from moe_hydra.core.arch import Arch
+from moe_hydra.core.layout import Layout
+from moe_hydra.core.pipeline import RankLayers, assign
 
 
 @dataclass(frozen=True, slots=True)

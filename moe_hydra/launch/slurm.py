@@ -32,8 +32,9 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf, SlurmQue
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as _SubmititSlurmLauncher
 from omegaconf import OmegaConf, open_dict
 
-from moe_hydra import sweep
-from moe_hydra.schema import Stage, typed
+from moe_hydra.core import io
+from moe_hydra.core.schema import Stage, typed
+from moe_hydra.launch import state as sweep
 
 log = logging.getLogger("moe_hydra")
 
@@ -109,13 +110,13 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
         return executor
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from moe_hydra import plan, rules
-        from moe_hydra.plan import write_json
+        from moe_hydra.core.io import write_json
+        from moe_hydra.planning import plan, rules
 
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         points, submit = [], []
-        earlier = {e["num"]: e for e in (sweep.read_json(sweep_dir / "sweep.json") or {"points": []})["points"]}
+        earlier = {e["num"]: e for e in (io.read_json(sweep_dir / "sweep.json") or {"points": []})["points"]}
         for i, overrides in enumerate(job_overrides):
             num = initial_job_idx + i
             cfg = self._point_config(list(overrides), num)
@@ -180,7 +181,7 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
 
     @staticmethod
     def _settle(p: sweep.Point, job) -> None:
-        res = sweep.read_json(Path(p.dir) / "results.json")
+        res = io.read_json(Path(p.dir) / "results.json")
         state = SlurmLauncherImpl._final_state(job)
         error = None
         try:
@@ -203,7 +204,7 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
     @staticmethod
     def _merge_earlier(sweep_dir: Path, points: list[sweep.Point]) -> list[sweep.Point]:
         """Keep the entries of earlier batches of this sweep directory that this launch did not touch."""
-        earlier = sweep.read_json(sweep_dir / "sweep.json") or {"points": []}
+        earlier = io.read_json(sweep_dir / "sweep.json") or {"points": []}
         mine = {p.num for p in points}
         return points + [sweep.Point(**e) for e in earlier["points"] if e["num"] not in mine]
 
@@ -211,7 +212,7 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
     def _report(points: list[sweep.Point], sweep_dir: Path) -> None:
         from moe_hydra.app import record_outcome
 
-        sweep.console().print(sweep.render(points, f"sweep {sweep_dir}"))
+        io.console().print(sweep.render(points, f"sweep {sweep_dir}"))
         for p in points:
             record_outcome(f"#{p.num} {' '.join(p.overrides)}", p.state)
             if not p.ok and p.state != "INVALID":

@@ -16,13 +16,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from moe_hydra.arch import Arch
-from moe_hydra.layout import Layout
+from moe_hydra.core.arch import Arch
+from moe_hydra.core.layout import Layout
+from moe_hydra.core.versions import McoreFacts, mcore_facts
+
 # importing registers their rules, in this order: the layout first, then the features
-from moe_hydra.rules import layout_rules  # noqa: F401, I001
-from moe_hydra.rules import feature_rules  # noqa: F401
-from moe_hydra.rules.base import RULES, Ctx, LayoutError, Violation
-from moe_hydra.versions import McoreFacts, mcore_facts
+from moe_hydra.planning.rules import (
+    feature_rules,  # noqa: F401
+    layout_rules,  # noqa: F401, I001
+)
+from moe_hydra.planning.rules.base import RULES, Ctx, LayoutError, Violation
 
 __all__ = ["RULES", "LayoutError", "Violation", "check", "validate"]
 

@@ -29,20 +29,17 @@ it without this module. Planning never imports torch or megatron.
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Any
 
-from moe_hydra import contract, flops, memory, params, rules
-from moe_hydra.arch import Arch
-from moe_hydra.env import snapshot as env_snapshot
-from moe_hydra.layout import Layout
-from moe_hydra.pipeline import RankLayers
-from moe_hydra.rules.base import V, Violation
-from moe_hydra.versions import McoreFacts, mcore_facts
+from moe_hydra.core import contract, flops, params
+from moe_hydra.core.arch import Arch
+from moe_hydra.core.env import snapshot as env_snapshot
+from moe_hydra.core.layout import Layout
+from moe_hydra.core.pipeline import RankLayers
+from moe_hydra.core.versions import McoreFacts, mcore_facts
+from moe_hydra.planning import memory, rules
+from moe_hydra.planning.rules.base import V, Violation
 
 
 def _notes(cfg: Any, lo: Layout) -> list[str]:
@@ -259,16 +256,6 @@ def make_plan(cfg: Any, swept: list[str] | None = None, env: dict[str, Any] | No
         "megatron_core": {"version": mcore.version, "installed": mcore.installed},
         "notes": _notes(cfg, lo),
     }
-
-
-def write_json(data: dict[str, Any], path: Path, indent: int | None = 2) -> None:
-    """Write ``data`` atomically (a reader never sees half a file); ``indent=None`` for large files."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=indent, default=str, separators=None if indent else (",", ":"))
-        f.write("\n")
-    os.replace(tmp, path)
 
 
 def _si(n: float, billion: str = "B") -> str:

@@ -6,9 +6,7 @@ Ids follow megatron-knobs.md §13. Pure: standard library only.
 
 from __future__ import annotations
 
-
-from moe_hydra.rules.base import Ctx, V, _divisors, _fmt, _list, rule
-
+from moe_hydra.planning.rules.base import Ctx, V, _divisors, _fmt, _list, rule
 
 # --------------------------------------------------------------------------- dispatcher (L37-L45)
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from moe_hydra.arch import Arch
-from moe_hydra.layout import Layout
-from moe_hydra.versions import McoreFacts
+from moe_hydra.core.arch import Arch
+from moe_hydra.core.layout import Layout
+from moe_hydra.core.versions import McoreFacts
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from moe_hydra.arch import parse_moe_layer_freq
-from moe_hydra.versions import McoreFacts
+from moe_hydra.core.arch import parse_moe_layer_freq
+from moe_hydra.core.versions import McoreFacts
 
 # Switched off where Transformer Engine / Apex kernels are missing (CPU, or a GPU without TE).
 FUSIONS = ("bias_dropout_fusion", "bias_activation_fusion", "apply_rope_fusion", "masked_softmax_fusion",

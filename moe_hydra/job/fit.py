@@ -30,10 +30,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from moe_hydra import params
-from moe_hydra.arch import Arch
-from moe_hydra.layout import Layout
-from moe_hydra.plan import write_json
+from moe_hydra.core import params
+from moe_hydra.core.arch import Arch
+from moe_hydra.core.io import write_json
+from moe_hydra.core.layout import Layout
 
 
 def ranks_to_build(cfg: Any, lo: Layout, most_loaded: int) -> dict[int, int]:
@@ -61,7 +61,7 @@ def run(cfg: Any, config: dict[str, Any], plan: dict[str, Any], out_dir: Path, c
         while pending and len(procs) < parallel:
             pp_rank, rank = pending.pop(0)
             out, log = work / f"rank{rank}.json", open(work / f"rank{rank}.log", "w")
-            cmd = [sys.executable, "-m", "moe_hydra.fit", str(work / "spec.json"), str(rank), str(out)]
+            cmd = [sys.executable, "-m", "moe_hydra.job.fit", str(work / "spec.json"), str(rank), str(out)]
             procs[rank] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), out, log)
         for rank, (proc, out, log) in list(procs.items()):
             if proc.poll() is None:
@@ -138,8 +138,8 @@ def _build_rank(spec: dict[str, Any], rank: int) -> dict[str, Any]:
 
     from omegaconf import OmegaConf
 
-    from moe_hydra import compat
-    from moe_hydra.schema import Config
+    from moe_hydra.core.schema import Config
+    from moe_hydra.job import compat
 
     cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), spec["config"]))
     plan = spec["plan"]
@@ -154,7 +154,7 @@ def _build_rank(spec: dict[str, Any], rank: int) -> dict[str, Any]:
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from moe_hydra.job import Job
+    from moe_hydra.job.train import Job
 
     job = Job(cfg, plan)
     job.shims = compat.apply()

@@ -8,10 +8,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from moe_hydra.rules.base import Ctx, V, _divisors, _fmt, _list, rule
-from moe_hydra.arch import parse_moe_layer_freq
-from moe_hydra.pipeline import expand_layout
-
+from moe_hydra.core.arch import parse_moe_layer_freq
+from moe_hydra.core.pipeline import expand_layout
+from moe_hydra.planning.rules.base import Ctx, V, _divisors, _fmt, _list, rule
 
 # --------------------------------------------------------------------------- schema values (S)
 

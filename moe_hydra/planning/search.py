@@ -41,12 +41,13 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
-from moe_hydra import memory, params, plan, rules
-from moe_hydra.arch import Arch
-from moe_hydra.layout import Layout
-from moe_hydra.rules.base import _divisors
-from moe_hydra.step_model import TERMS, StepModel
-from moe_hydra.versions import McoreFacts, mcore_facts
+from moe_hydra.core import params
+from moe_hydra.core.arch import Arch
+from moe_hydra.core.layout import Layout
+from moe_hydra.core.versions import McoreFacts, mcore_facts
+from moe_hydra.planning import memory, plan, rules
+from moe_hydra.planning.rules.base import _divisors
+from moe_hydra.planning.step_model import TERMS, StepModel
 
 RECOMPUTE_LEVELS = ("none", "selective", "full")
 OVERRIDES_FOR = 100  # ranked candidates whose layouts.json row carries its command-line overrides

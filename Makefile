@@ -1,6 +1,6 @@
 # make run    train the embedded default (tiny MoE, Megatron-Core, this machine)
 # make test   the test suite
-# Both create .venv on first use. Inside an NGC container, skip the venv: pip install -e ".[test]".
+# Both create .venv on first use. Inside an NGC container, skip the venv: pip install -e ".[train,test]".
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q torch==2.13.0  # the CPU wheel; a plain `torch` would pull a multi-GB CUDA build
-	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q -e ".[train,test]"
 	touch $@
 
 setup: $(STAMP)

@@ -2,7 +2,7 @@
 
 The bare loop (below, :func:`bare_worker`) builds the same model (the tiny_moe preset's values, bf16,
 local spec, DDP + DistributedOptimizer) with Megatron-Core directly and runs the same steps on the
-same process count, with the same data; only the CPU shims of ``moe_hydra.compat`` are shared,
+same process count, with the same data; only the CPU shims of ``moe_hydra.job.compat`` are shared,
 since Megatron-Core does not run on a CPU build of torch without them. Runs alternate
 (moe_hydra, bare, moe_hydra, bare, ...) and each side's figure is the median over its repeats of the
 mean over the steady window.
@@ -79,7 +79,7 @@ def bare_worker(steps: int, first: int, out: str) -> None:
                                  [model])
     cfg.finalize_model_grads_func = finalize_model_grads
     fb = get_forward_backward_func()
-    data = MockData(t["vocab"], t["seq"], t["mbs"], t["mbs"] * world, world, 1234)
+    data = MockData(t["vocab"], t["seq"], t["mbs"], t["mbs"] * world, 1, 1234)  # one micro-batch per DP rank
     pos = torch.arange(t["seq"]).unsqueeze(0).expand(t["mbs"], t["seq"])
     mask = torch.triu(torch.ones(1, 1, t["seq"], t["seq"], dtype=torch.bool), diagonal=1)
 

@@ -2,8 +2,8 @@
 
 Each measurement runs in a fresh process (no caches carried over), alternating, median of --runs:
 
-    baseline   enumerate every candidate and run the legality rules on each (rules.check): the least
-               any exhaustive search over the legal space must do
+    baseline   enumerate every candidate, resolve its config and run the legality rules on it
+               (rules.check): the least any exhaustive search over the legal space must do
     search     what hydra/sweeper=layout runs: Search(cfg, <the sweeper's communication settings>).run():
                enumerate -> rules -> parameters -> memory (least recompute that fits) -> the fastest
                communication setting that fits -> step-time terms -> rank (forked over this machine's CPUs)
@@ -32,17 +32,18 @@ CODE = """
 import dataclasses, sys, time
 sys.path[:0] = [{root!r}, {tests!r}]
 from conftest import compose_config
-from moe_hydra.planning import rules, search
-from moe_hydra.core.arch import Arch
-from moe_hydra.launch.layout_sweeper import LayoutSweeperImpl
+from moe_hydra.core.resolved import resolve
 from moe_hydra.core.versions import mcore_facts
+from moe_hydra.launch.layout_sweeper import LayoutSweeperImpl
+from moe_hydra.planning import rules, search
 cfg = compose_config("stage=plan", "model={model}", "hardware=h100_sxm", "hardware.nodes={nodes}")
 t = time.perf_counter()
 if {baseline}:
-    mcore, arch = mcore_facts(), Arch.from_model(cfg.model)
+    mcore, base = mcore_facts(), resolve(cfg)
     n = 0
-    for c in search.enumerate_layouts(cfg):
-        rules.check(dataclasses.replace(cfg, parallel=c.parallel(cfg.parallel)), mcore, arch)
+    for c in search.enumerate_layouts(base):
+        candidate = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, **c.fields()))
+        rules.check(resolve(candidate, base.impl, base.arch), mcore)
         n += 1
 else:
     dispatchers, ep_overlap = LayoutSweeperImpl().communication(cfg, set())

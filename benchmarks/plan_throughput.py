@@ -18,7 +18,6 @@ Goal: >= 10^4 layouts per second (the plan path) — the figure printed last.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from conftest import compose_config  # noqa: E402
 
-from moe_hydra.core.arch import Arch  # noqa: E402
+from moe_hydra.core.resolved import resolve  # noqa: E402
 from moe_hydra.core.versions import mcore_facts  # noqa: E402
 from moe_hydra.planning import plan, rules, search  # noqa: E402
 
@@ -40,22 +39,22 @@ def main() -> None:
     args = ap.parse_args()
     cfg = compose_config("stage=plan", "model=deepseek_v3", "hardware=h100_sxm", "hardware.nodes=128")
     s = search.Search(cfg)
-    every = list(search.enumerate_layouts(s.cfg))
+    every = list(search.enumerate_layouts(s.base))
     stride = max(1, len(every) // args.limit)
     cands = every[::stride][: args.limit]
-    configs = [dataclasses.replace(s.cfg, parallel=c.parallel(s.cfg.parallel),
-                                   train=dataclasses.replace(s.cfg.train, micro_batch_size=c.mbs)) for c in cands]
-    mcore, arch = mcore_facts(), Arch.from_model(cfg.model)
+    configs = [s.config(c) for c in cands]
+    mcore, base_plan = mcore_facts(), resolve(cfg)
+    plans = [resolve(c, base_plan.impl, base_plan.arch) for c in configs]
 
     t = time.perf_counter()
-    legal = sum(not rules.check(c, mcore, arch) for c in configs)
+    legal = sum(not rules.check(r, mcore) for r in plans)
     base = time.perf_counter() - t
 
     t = time.perf_counter()
     fits = 0
     for c in configs:
         try:
-            a = plan.assess(c, mcore, arch)
+            a = plan.assess(resolve(c, base_plan.impl, base_plan.arch), mcore)
         except rules.LayoutError:
             continue
         fits += a.peak.total <= cfg.hardware.memory_gib * 2**30

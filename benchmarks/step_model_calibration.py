@@ -1,15 +1,15 @@
-"""The layout search's step-time model (moe_hydra.step_model) against published measured step times.
+"""The layout search's step-time model (moe_hydra.planning.step_model) against published measured step times.
 
 Each published row is evaluated as the search evaluates a layout (same rules, memory estimate and
 terms), with the row's model, hardware, batch, dispatcher, EP overlap and recompute modules. Printed:
 measured vs modelled step time per row, the error, the rms log error, and whether the model orders the
 rows as the measurements do. ``--fit`` refits the free sustained fractions (scipy least squares on
-log step time, within physical bounds) and prints them: the defaults in ``moe_hydra.schema.StepModelConfig``
+log step time, within physical bounds) and prints them: the defaults in ``moe_hydra.core.schema.StepModelConfig``
 come from this fit.
 
     python benchmarks/step_model_calibration.py [--fit]
 
-The rows and their source: ``moe_hydra.step_model.PUBLISHED``. Four rows cannot pin down every
+The rows and their source: ``moe_hydra.planning.step_model.PUBLISHED``. Four rows cannot pin down every
 fraction: gemm_efficiency, attention_efficiency, scaleout_efficiency, ep_overlap_efficiency and
 host_ms_per_dense_layer stay at priors (H100 BF16 GEMMs ~70 % of peak, flash attention ~50 %, NCCL over
 400 Gb/s InfiniBand ~85 %, half the all-to-all hidden by EP overlap: the overlapped row waits for the
@@ -29,8 +29,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from conftest import compose_config  # noqa: E402
 
-from moe_hydra.core.layout import Layout  # noqa: E402
-from moe_hydra.planning import search  # noqa: E402
+from moe_hydra.planning import plan, search  # noqa: E402
 from moe_hydra.planning.step_model import PUBLISHED, Published, StepModel  # noqa: E402
 
 FREE = {  # fitted: name -> (lower, upper)
@@ -38,7 +37,6 @@ FREE = {  # fitted: name -> (lower, upper)
     "expert_rows_half": (0.0, 8192.0),
     "nvlink_efficiency": (0.1, 1.0),
 }
-
 
 class Row:
     """One published measurement, evaluated once (rules, memory); its terms re-evaluated per parameter set."""
@@ -52,19 +50,16 @@ class Row:
         self.result = s.evaluate(c)
         if not self.result.legal:
             raise SystemExit(f"{p.name}: illegal here: {self.result.violations}")
-        self.search, self.lo = s, Layout(s.world, tp, cp, pp, vpp, ep, etp, tp > 1)
-        self.worst = max(s.rank_params[(tp, etp, ep, pp, vpp, c.split)][0], key=lambda r: r.total)
+        self.plan = s.resolved(c, self.result.recompute, self.result.comm)
+        self.worst = max(plan.assess(self.plan).ranks, key=lambda r: r.total)
 
     def terms(self, step_model) -> dict[str, float]:
-        s, r = self.search, self.result
-        model = StepModel(replace(s.cfg, step_model=step_model), s.arch, s.world)
-        return model.terms(self.lo, self.worst.dense, self.worst.expert, self.p.layout[-1], r.recompute,
-                           r.comm.flex, r.comm.ep_overlap)
-
+        r = self.result
+        model = StepModel(self.plan.with_settings(step_model=step_model))
+        return model.terms(self.plan, self.worst.dense, self.worst.expert, r.recompute, r.comm.flex, r.comm.ep_overlap)
 
 def rms_log_error(rows: list[Row], k) -> float:
     return math.sqrt(sum(math.log(r.terms(k)["step"] / r.p.step_s) ** 2 for r in rows) / len(rows))
-
 
 def fit(rows: list[Row], k):
     from scipy.optimize import least_squares
@@ -80,7 +75,6 @@ def fit(rows: list[Row], k):
     out = least_squares(residuals, x0, bounds=(lo, hi), diff_step=1e-3)
     return replace(k, **dict(zip(names, out.x)))
 
-
 def report(rows: list[Row], k) -> None:
     print(f"{'published row':36s} {'measured s':>10s} {'model s':>8s} {'error':>7s}  recompute  GiB   terms (s)")
     for r in rows:
@@ -93,20 +87,18 @@ def report(rows: list[Row], k) -> None:
     print(f"rms log error {rms_log_error(rows, k):.3f}; order measured {[rows.index(r) for r in measured]}, "
           f"modelled {[rows.index(r) for r in modelled]}")
 
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fit", action="store_true", help="refit the free fractions and print them")
     args = ap.parse_args()
     rows = [Row(p) for p in PUBLISHED]
     k = rows[0].cfg.step_model
-    print("defaults (moe_hydra.schema.StepModelConfig):")
+    print("defaults (moe_hydra.core.schema.StepModelConfig):")
     report(rows, k)
     if args.fit:
         k = fit(rows, k)
         print("\nfitted: " + ", ".join(f"{n}={getattr(k, n):.3g}" for n in FREE))
         report(rows, k)
-
 
 if __name__ == "__main__":
     main()

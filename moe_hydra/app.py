@@ -9,22 +9,26 @@ any point failed (1) or was refused (2).
 from __future__ import annotations
 
 import logging
-import os
 import sys
-from dataclasses import dataclass, field
+import traceback
 from pathlib import Path
+from typing import NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import JobReturn
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from moe_hydra import cli
 from moe_hydra.core import env, io
-from moe_hydra.core.schema import Stage, register_configs
-from moe_hydra.launch import slurm
+from moe_hydra.core.resolved import Resolved, resolve
+from moe_hydra.core.schema import CONF_PACKAGE, Stage, register_configs
+from moe_hydra.launch import local, slurm
 from moe_hydra.launch import state as sweep
 from moe_hydra.planning import plan
-from moe_hydra.planning.rules import LayoutError
+from moe_hydra.core.violations import LayoutError
 
 log = logging.getLogger("moe_hydra")
 
@@ -32,21 +36,42 @@ EXIT_FAILED = 1  # a job started and failed
 EXIT_INVALID = 2  # refused before anything started
 
 
-@dataclass
-class _Session:
-    """Outcomes of the points this process ran or launched: (point, state) in sweep.py's vocabulary."""
+class Outcomes(Callback):
+    """Hydra callback (``hydra.callbacks.outcomes`` in conf/config.yaml): reads every point's JobReturn and
+    ends the command with the exit code they add up to, listing the points that did not complete.
 
-    outcomes: list[tuple[str, str]] = field(default_factory=list)
+    Local points reach it from Hydra's own ``run_job``; points the Slurm launcher or the layout sweeper
+    settled are handed to it by them through ``hydra_context.callbacks``."""
 
-    def of(self, *states: str) -> list[str]:
-        return [name for name, state in self.outcomes if state in states]
+    def __init__(self) -> None:
+        self.outcomes: list[tuple[str, str]] = []  # (point, state) in sweep.json's vocabulary
 
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs) -> None:
+        num = OmegaConf.select(config, "hydra.job.num", default=None)
+        overrides = " ".join(job_return.overrides or []) or "(defaults)"
+        multirun = OmegaConf.select(config, "hydra.mode", default=None) == RunMode.MULTIRUN
+        name = f"#{num} {overrides}" if multirun and (num or 0) >= 0 else overrides
+        self.outcomes.append((name, sweep.state_of(job_return)))
+        error = job_return._return_value
+        if isinstance(error, BaseException) and not isinstance(error, (sweep.Refused, sweep.Failed)):
+            # not a refusal or a failed job the point reported: a bug, shown whole
+            print(f"moe_hydra: {name} raised\n" + "".join(traceback.format_exception(error)), file=sys.stderr)
 
-_session = _Session()
+    def on_run_end(self, config: DictConfig, **kwargs) -> None:
+        self._exit()
 
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        self._exit()
 
-def record_outcome(point: str, state: str) -> None:
-    _session.outcomes.append((point, state))
+    def _exit(self) -> None:
+        failed = [name for name, state in self.outcomes if state not in (*sweep.OK_STATES, "PLANNED", "INVALID")]
+        invalid = [name for name, state in self.outcomes if state == "INVALID"]
+        if (failed or invalid) and len(self.outcomes) > 1:
+            print(f"moe_hydra: {len(failed) + len(invalid)} of {len(self.outcomes)} points did not complete:\n  "
+                  + "\n  ".join([f"{p} (refused)" for p in invalid] + [f"{p} (failed)" for p in failed]),
+                  file=sys.stderr)
+        if failed or invalid:
+            sys.exit(EXIT_FAILED if failed else EXIT_INVALID)
 
 
 def _sweep_context() -> tuple[list[str], str | None]:
@@ -81,7 +106,7 @@ def _keys_set_by(group: str, options: list[str], overrides: list[str]) -> list[s
     ``conf/`` and any ``hydra.searchpath`` directory): e.g. the layout search's generated experiments."""
     keys: list[str] = []
     for option in options:
-        for root in (cli.CONF_DIR, *cli.search_path(overrides)):
+        for root in cli.config_roots(cli.search_path(overrides)):
             path = Path(root) / group / f"{option}.yaml"
             if not path.exists():
                 continue
@@ -118,163 +143,137 @@ def _point_name() -> str:
     return f"#{hc.job.num} {overrides}" if hc.mode.name == "MULTIRUN" else overrides
 
 
-def _report_invalid(message: str) -> None:
-    record_outcome(_point_name(), "INVALID")
+def _refuse(message: str) -> NoReturn:
+    """Refuse this point: the message, then :class:`~moe_hydra.launch.state.Refused` as its JobReturn's value."""
     print(f"moe_hydra: {message}", file=sys.stderr, flush=True)
+    raise sweep.Refused(message)
 
 
-def run_point(cfg: DictConfig) -> dict | None:
-    """One point of a run or sweep. Returns the plan or the results, or None when it did not complete."""
+def run_point(cfg: DictConfig) -> str:
+    """One point of a run or sweep: its state (PLANNED, COMPLETED), the value of its JobReturn.
+
+    compose (Hydra) -> resolve (the one resolved plan) -> the plan (rules, counts, estimate) -> for stage=run,
+    admission (the rules, the memory estimate and this machine, every refusal at once) -> the job.
+
+    Raises:
+        Refused: the point was refused before anything started (the message is printed).
+        Failed: the point started and failed.
+    """
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     obj = OmegaConf.to_object(cfg)
     swept, sweep_name = _sweep_context()
     snapshot = env.snapshot()
-    try:
-        p = plan.make_plan(obj, swept, snapshot)
-    except LayoutError as e:
-        io.write_json(e.record(), out_dir / "violations.json")
-        message = e.report()
-        if obj.stage is Stage.run:
-            from moe_hydra.launch import local as launch
-
-            machine = launch.preflight(obj)
-            if machine:
-                message += "\n  and on this machine:\n  " + "\n  ".join(machine)
-        _report_invalid(message)
-        return None
-    p["tracking"] = _tracking(p, swept, sweep_name, obj)
     rank = slurm.slurm_rank()
+    # stage=run builds on this machine (or this node of a Slurm job): what it will build is detected here
+    here = obj.stage is Stage.run and (rank is not None or obj.launcher.name == "local")
+    r = p = None
+    try:
+        r = resolve(obj, local.implementation(obj) if here else None)
+        p = plan.make_plan(r, swept, snapshot)
+        refused = []
+    except LayoutError as e:
+        refused = e.violations
+    if here and r is not None:  # admission: the memory verdict and this machine join the rules' refusals
+        too_big = plan.unfit(obj, p) if p else None
+        refused += [too_big] * bool(too_big) + local.machine(r, inside_allocation=rank is not None)
+    if refused:
+        refusal = LayoutError(refused, _point_name())
+        if rank in (None, 0):
+            io.write_json(refusal.record(), out_dir / "violations.json")
+        _refuse(refusal.report())
+    p["tracking"] = _tracking(p, swept, sweep_name, obj)
     if rank is not None:  # one task of a Slurm job: this process is one rank
-        return _run_slurm_task(cfg, obj, p, out_dir, rank, snapshot)
+        return _run_slurm_task(cfg, obj, r, p, out_dir, rank, snapshot)
     io.write_json(p, out_dir / "plan.json")
     io.write_json(snapshot, out_dir / "env.json")
-    if obj.stage is Stage.run:
-        from moe_hydra.launch import local as launch
-
-        too_big = plan.unfit(obj, p)
-        if too_big:
-            refusal = LayoutError([too_big], _point_name())
-            io.write_json(refusal.record(), out_dir / "violations.json")
-            _report_invalid(refusal.report())
-            return None
-        problems = launch.preflight(obj)
-        if problems:
-            _report_invalid("cannot run here; nothing was started:\n  " + "\n  ".join(problems))
-            return None
-    from rich.console import Console
-
-    Console().print(plan.render(p))
+    io.console().print(plan.render(p))
     log.info("plan written to %s", out_dir / "plan.json")
     if obj.stage is Stage.run:
-        return _run_job(cfg, p, out_dir, snapshot)
+        return _run_job(cfg, r, p, out_dir, snapshot)
     if obj.stage is Stage.fit:
-        return _run_fit(cfg, obj, p, out_dir)
-    record_outcome(_point_name(), "PLANNED")
-    return p
+        return _run_fit(cfg, r, p, out_dir)
+    return "PLANNED"
 
 
-def _run_fit(cfg: DictConfig, obj, p: dict, out_dir: Path) -> dict:
+def _run_fit(cfg: DictConfig, r: Resolved, p: dict, out_dir: Path) -> str:
     """stage=fit: build the chosen ranks on the fake process group; the estimator must agree exactly."""
-    from rich.console import Console
-
     from moe_hydra.job import fit
 
     config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    report = fit.run(obj, config, p, out_dir)
-    Console().print(fit.render(report))
+    report = fit.run(r, config, p, out_dir)
+    io.console().print(fit.render(report))
     for note in report["notes"]:
         print(f"note: {note}")
     if report["refused"]:
-        record_outcome(_point_name(), "INVALID")
-        print("moe_hydra: Megatron-Core refuses this layout:\n  " + "\n  ".join(sorted(set(report["refused"])))
-              + f"\n  (build logs in {out_dir / 'fit'})", file=sys.stderr, flush=True)
-    elif not report["agree"]:
-        record_outcome(_point_name(), "FAILED")
+        _refuse("Megatron-Core refuses this layout:\n  " + "\n  ".join(sorted(set(report["refused"])))
+                + f"\n  (build logs in {out_dir / 'fit'})")
+    if not report["agree"]:
         bad = [r["rank"] for r in report["ranks"] if not r["agree"]]
-        print(f"moe_hydra: MISMATCH between the estimator and the build on ranks {bad}: a bug in "
-              f"moe_hydra.params; see {out_dir / 'fit.json'}", file=sys.stderr, flush=True)
-    else:
-        record_outcome(_point_name(), "COMPLETED")
-        print(f"moe_hydra: the estimator and Megatron-Core's build agree exactly on {len(report['ranks'])} ranks "
-              f"(pipeline ranks {', '.join(str(r['pp_rank']) for r in report['ranks'])})  ({out_dir / 'fit.json'})",
-              flush=True)
-    return report
+        message = (f"MISMATCH between the estimator and the build on ranks {bad}: a bug in moe_hydra.core.params; "
+                   f"see {out_dir / 'fit.json'}")
+        print(f"moe_hydra: {message}", file=sys.stderr, flush=True)
+        raise sweep.Failed(message)
+    print(f"moe_hydra: the estimator and Megatron-Core's build agree exactly on {len(report['ranks'])} ranks "
+          f"(pipeline ranks {', '.join(str(r['pp_rank']) for r in report['ranks'])})  ({out_dir / 'fit.json'})",
+          flush=True)
+    return "COMPLETED"
 
 
-def _run_slurm_task(cfg: DictConfig, obj, p: dict, out_dir: Path, rank: int, snapshot: dict) -> dict | None:
+def _run_slurm_task(cfg: DictConfig, obj, r: Resolved, p: dict, out_dir: Path, rank: int, snapshot: dict) -> str:
     """Inside a Slurm job: rank 0 owns the output directory; every rank trains. Failures raise, so
     Hydra and submitit record them for the launcher that waits on this job."""
     from moe_hydra.job.train import worker
-    from moe_hydra.launch import local as launch
 
     if rank == 0:
         io.write_json(p, out_dir / "plan.json")
         io.write_json(snapshot, out_dir / "env.json")
     if obj.stage is Stage.fit and rank == 0:  # the fit builds its ranks as processes of its own
-        return _run_fit(cfg, obj, p, out_dir)
+        return _run_fit(cfg, r, p, out_dir)
     if obj.stage is not Stage.run:
-        return p
-    problems = launch.preflight(obj, inside_allocation=True)
-    if problems:
-        raise RuntimeError("cannot run on this node:\n  " + "\n  ".join(problems))
+        return "PLANNED"
     slurm.task_environment()
-    return worker({"config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), "out_dir": str(out_dir),
-                   "plan": p, "env": snapshot})
+    worker(_job_spec(cfg, r, p, out_dir, snapshot))
+    return "COMPLETED"
 
 
-def _run_job(cfg: DictConfig, p: dict, out_dir: Path, snapshot: dict) -> dict | None:
+def _job_spec(cfg: DictConfig, r: Resolved, p: dict, out_dir: Path, snapshot: dict) -> dict:
+    """What every rank of the job receives: the resolved plan, the plan's record, the config (for W&B), where to
+    write."""
+    return {"resolved": r, "plan": p, "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+            "out_dir": str(out_dir), "env": snapshot}
+
+
+def _run_job(cfg: DictConfig, r: Resolved, p: dict, out_dir: Path, snapshot: dict) -> str:
     """stage=run: start the ranks (the machine was checked), report the measured run."""
-    from moe_hydra.launch import local as launch
-
-    spec = {"config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), "out_dir": str(out_dir), "plan": p,
-            "env": snapshot}
     try:
-        results = launch.launch_local(spec, p["world_size"], out_dir)
-    except launch.JobFailed as e:
-        record_outcome(_point_name(), "FAILED")
+        results = local.launch_local(_job_spec(cfg, r, p, out_dir, snapshot), r.layout.world_size, out_dir)
+    except local.JobFailed as e:
         print(f"moe_hydra: {e}", file=sys.stderr, flush=True)
-        return None
-    record_outcome(_point_name(), "COMPLETED")
+        raise sweep.Failed(str(e)) from None
     loss = results["loss"]
     print(f"moe_hydra: {results['steps']} steps, window {results['window']}: step {results['step_time_ms']:.1f} ms, "
           f"{results['tokens_per_s_per_gpu']:.1f} tokens/s/GPU, {results['tflops_per_gpu']:.4f} TFLOP/s/GPU, "
           f"loss {loss['first']:.3f} -> {loss['last']:.3f}  ({out_dir / 'results.json'})", flush=True)
-    return results
+    return "COMPLETED"
 
 
-@hydra.main(config_path=str(cli.CONF_DIR), config_name="config", version_base="1.3")
-def _hydra_app(cfg: DictConfig) -> None:
-    run_point(cfg)
+@hydra.main(config_path=f"pkg://{CONF_PACKAGE}", config_name="config", version_base="1.3")
+def _hydra_app(cfg: DictConfig) -> str:
+    return run_point(cfg)
 
 
 def main() -> None:
-    from moe_hydra.launch import layout_sweeper
+    """``python -m moe_hydra`` and ``moe-hydra``: check the overrides, then hand the command to Hydra. The
+    exit code comes from the points' JobReturns (:class:`Outcomes`)."""
+    from moe_hydra.launch import layout_sweeper, points
 
     register_configs()
     slurm.register()
     layout_sweeper.register()
-    args = cli.normalize(sys.argv[1:])
-    site = os.environ.get("MOE_HYDRA_SITE")
-    if site:  # a site directory (holding site/default.yaml) joins Hydra's search path
-        entry = f"file://{Path(site).resolve()}"
-        given = next((i for i, a in enumerate(args) if a.startswith("hydra.searchpath=")), None)
-        if given is not None:  # one search path override, holding both
-            args[given] = f"hydra.searchpath=[{entry},{args[given].split('=', 1)[1].strip('[]')}]"
-        else:
-            at = next((i for i, a in enumerate(args) if "=" in a and not a.startswith("-")), len(args))
-            args.insert(at, f"hydra.searchpath=[{entry}]")  # beside the other overrides
-    sys.argv[1:] = args
+    points.register()
+    sys.argv[1:] = args = cli.normalize(sys.argv[1:])
     problems = cli.check_overrides(args)
     if problems:
         print("moe_hydra: " + "\n  ".join(problems), file=sys.stderr)
         sys.exit(EXIT_INVALID)
     _hydra_app()
-    failed = [name for name, state in _session.outcomes if state not in (*sweep.OK_STATES, "PLANNED", "INVALID")]
-    invalid = _session.of("INVALID")
-    if (failed or invalid) and len(_session.outcomes) > 1:
-        print(f"moe_hydra: {len(failed) + len(invalid)} of {len(_session.outcomes)} points did not complete:\n  "
-              + "\n  ".join([f"{p} (refused)" for p in invalid] + [f"{p} (failed)" for p in failed]), file=sys.stderr)
-    if failed:
-        sys.exit(EXIT_FAILED)
-    if invalid:
-        sys.exit(EXIT_INVALID)

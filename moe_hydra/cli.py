@@ -1,9 +1,8 @@
 """Command-line overrides checked before Hydra composes: a misspelt key or option gets a suggestion.
 
 Hydra already refuses unknown keys and options; this adds the "did you mean" and names the
-override to change. Only ``key=value`` arguments are read; Hydra's own flags pass through.
-
-Pure: standard library and the schema only.
+override to change. The command line is read with Hydra's own parser, so Hydra's flags (``--cfg``,
+``-sc install=bash``, ``--info``) pass through untouched and only the overrides are checked.
 """
 
 from __future__ import annotations
@@ -13,19 +12,23 @@ import difflib
 import typing
 from pathlib import Path
 
-from moe_hydra.core.schema import Config
-
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+from moe_hydra.core.schema import Config, conf_dir, site_dir
 
 
 def groups(search_path: list[Path] | tuple[Path, ...] = ()) -> dict[str, list[str]]:
-    """Config groups under ``conf/`` (and the ``search_path`` directories) and their options."""
+    """Config groups under ``conf/`` (and the site and ``search_path`` directories) and their options."""
     out: dict[str, set[str]] = {}
-    for root in (CONF_DIR, *search_path):
+    for root in config_roots(search_path):
         for d in sorted(Path(root).iterdir()) if Path(root).is_dir() else ():
             if d.is_dir():
                 out.setdefault(d.name, set()).update(p.stem for p in d.glob("*.yaml"))
     return {name: sorted(options) for name, options in sorted(out.items())}
+
+
+def config_roots(search_path: list[Path] | tuple[Path, ...] = ()) -> list[Path]:
+    """The directories Hydra composes from: moe_hydra's configs, the site's, then ``search_path``'s."""
+    site = site_dir()
+    return [conf_dir(), *([site] if site else []), *search_path]
 
 
 def search_path(args: list[str]) -> list[Path]:
@@ -88,7 +91,12 @@ def check_overrides(args: list[str]) -> list[str]:
     """Problems found in ``args`` (empty when every key and group option exists)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    candidates = [a for a in args if "=" in a and not a.startswith("-")]
+    from hydra._internal.utils import get_args_parser
+
+    parsed = get_args_parser().parse_args(args)
+    if parsed.shell_completion:  # `-sc install=bash`: Hydra's own arguments, not overrides
+        return []
+    candidates = parsed.overrides
     if not candidates:
         return []
     try:

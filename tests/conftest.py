@@ -8,13 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
+from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from moe_hydra.cli import CONF_DIR
-from moe_hydra.core.schema import register_configs
-from moe_hydra.launch import slurm
+from moe_hydra.core.schema import CONF_PACKAGE, register_configs
+from moe_hydra.launch import points, slurm
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,8 +22,9 @@ def compose_config(*overrides: str):
     """The composed root config as objects (what the rules and the planner read)."""
     register_configs()
     slurm.register()
+    points.register()
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    with initialize_config_module(CONF_PACKAGE, version_base="1.3"):
         cfg = compose("config", overrides=list(overrides))
     return OmegaConf.to_object(cfg)
 

@@ -10,6 +10,7 @@ from moe_hydra import cli
 from moe_hydra.core.layout import Layout
 from moe_hydra.planning import rules
 from moe_hydra.planning.plan import make_plan
+from moe_hydra.core.resolved import resolve
 from tests.conftest import compose_config
 
 GROUPS = cli.groups()
@@ -52,7 +53,7 @@ def test_defaults_are_the_embedded_tiny_run():
     assert cfg.model.num_moe_experts >= 8 and cfg.model.moe_router_topk == 2 and cfg.model.num_layers >= 2
     assert cfg.train.seq_length == cfg.model.seq_length  # interpolated from the model preset
     assert cfg.train.train_iters == cfg.contract.window[1]
-    assert rules.check(cfg) == []
+    assert rules.check(resolve(cfg)) == []
 
 
 def test_optional_groups_take_plus_or_not():
@@ -80,13 +81,14 @@ def test_every_mesh_preset_has_a_target():
 def test_reference_layouts_are_legal_for_their_model_and_hardware(mesh):
     model, hardware, nodes = MESH_TARGETS[mesh]
     cfg = compose_config(f"model={model}", f"hardware={hardware}", f"hardware.nodes={nodes}", f"mesh={mesh}")
-    assert rules.check(cfg) == []
-    plan = make_plan(cfg)
+    assert rules.check(resolve(cfg)) == []
+    plan = make_plan(resolve(cfg))
     assert plan["world_size"] == nodes * 8
 
 
 def test_dsv3_reference_layout_derives_both_meshes():
-    plan = make_plan(compose_config("model=deepseek_v3", "hardware=h100_sxm", "hardware.nodes=128", "mesh=dsv3_h100_1024"))
+    plan = make_plan(resolve(compose_config("model=deepseek_v3", "hardware=h100_sxm", "hardware.nodes=128",
+                                        "mesh=dsv3_h100_1024")))
     p = plan["parallel"]
     assert (p["tensor_model_parallel_size"], p["pipeline_model_parallel_size"], p["virtual_pipeline_model_parallel_size"],
             p["expert_model_parallel_size"], p["expert_tensor_parallel_size"], p["sequence_parallel"]) == (2, 8, 4, 64, 1, True)
@@ -98,10 +100,10 @@ def test_dsv3_reference_layout_derives_both_meshes():
 def test_experiment_is_a_frozen_dispatcher_ab():
     cfg = compose_config("experiment=dispatcher_ab")
     assert cfg.hardware.devices_per_node == 2 and cfg.parallel.expert_model_parallel_size == 2
-    assert rules.check(cfg) == []
+    assert rules.check(resolve(cfg)) == []
 
 
 def test_a_layout_string_implies_vpp():
     cfg = compose_config("model=deepseek_v3", "hardware=h100_sxm", "hardware.nodes=128", "mesh=dsv3_h100_1024",
                          "parallel.virtual_pipeline_model_parallel_size=null")
-    assert Layout.from_config(cfg).vpp == 4 and rules.check(cfg) == []
+    assert Layout.from_config(cfg).vpp == 4 and rules.check(resolve(cfg)) == []

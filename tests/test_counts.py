@@ -7,8 +7,8 @@ import pytest
 
 from moe_hydra.core.arch import Arch, padded_vocab_size, parse_moe_layer_freq
 from moe_hydra.core.flops import flops_per_token
-from moe_hydra.core.layout import Layout
 from moe_hydra.core.params import active_params, params_per_rank, total_params
+from moe_hydra.core.resolved import resolve
 from tests.conftest import compose_config
 
 
@@ -65,7 +65,8 @@ def test_dsv3_with_mtp_is_about_682_5b():
 def _per_rank(model, *overrides, **changes):
     cfg = compose_config(f"model={model}", "hardware=h100_sxm", *overrides,
                          *(f"model.{k}={v}" for k, v in changes.items()))
-    return [(r.total, r.expert) for r in params_per_rank(Arch.from_model(cfg.model), Layout.from_config(cfg), cfg.parallel)]
+    r = resolve(cfg)
+    return [(x.total, x.expert) for x in params_per_rank(r.arch, r.layout, r.split, te_spec=True)]
 
 
 def test_per_rank_counts_equal_a_megatron_build():

@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 
 from moe_hydra.job import fit
 from moe_hydra.planning import plan
+from moe_hydra.core.resolved import resolve
 from tests.conftest import compose_config
 
 pytestmark = pytest.mark.slow
@@ -33,9 +34,10 @@ LAYOUTS = {
 
 def _fit(tmp_path, *overrides: str) -> dict:
     cfg = compose_config("stage=fit", *overrides)
-    p = plan.make_plan(cfg, [], {"versions": {}, "env": {}})
+    r = resolve(cfg)
+    p = plan.make_plan(r, [], {"versions": {}, "env": {}})
     config = OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)
-    return fit.run(cfg, config, p, tmp_path)
+    return fit.run(r, config, p, tmp_path)
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
@@ -53,8 +55,7 @@ def test_estimator_equals_the_megatron_build(tmp_path, name):
 
 def test_ranks_to_build_follow_megatrons_rank_order():
     cfg = compose_config(*TINY_EP2_PP2)
-    lo = plan.assess(cfg).layout
-    assert fit.ranks_to_build(cfg, lo, most_loaded=0) == {0: 0, 1: 2}  # tp-cp-ep-dp-pp: PP outermost
+    assert fit.ranks_to_build(resolve(cfg), most_loaded=0) == {0: 0, 1: 2}  # tp-cp-ep-dp-pp: PP outermost
 
 
 def test_dsv3_1024_rank_builds_on_this_machine(cli, tmp_path):
@@ -73,10 +74,11 @@ def test_dsv3_1024_rank_builds_on_this_machine(cli, tmp_path):
 def _fit_with_build_config(tmp_path, **model_changes) -> dict:
     """Plan one config, but hand the rank processes a model changed behind the planner's back."""
     cfg = compose_config("stage=fit", *TINY_EP2_PP2)
-    p = plan.make_plan(cfg, [], {"versions": {}, "env": {}})
+    r = resolve(cfg)
+    p = plan.make_plan(r, [], {"versions": {}, "env": {}})
     config = OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)
     config["model"].update(model_changes)
-    return fit.run(cfg, config, p, tmp_path)
+    return fit.run(r, config, p, tmp_path)
 
 
 def test_a_build_that_differs_from_the_estimate_is_a_mismatch(tmp_path):

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from moe_hydra.core.resolved import Implementation, resolve
 from moe_hydra.core.versions import mcore_facts
 from moe_hydra.job.mcore_args import FUSIONS, transformer_config_kwargs
 from tests.conftest import compose_config
@@ -16,30 +17,35 @@ PRESETS = [["model=deepseek_v3", "hardware=h100_sxm", "hardware.nodes=128", "mes
            []]
 
 
+def _with_te(cfg):
+    """The resolved plan as a GPU node with Transformer Engine would build it."""
+    return resolve(cfg, Implementation.of(cfg, gpu=True, te=True, grouped_gemm=False, apex=True, source="test"))
+
+
 @pytest.mark.parametrize("overrides", PRESETS)
 def test_every_key_is_a_field_of_the_installed_transformer_config(overrides):
     from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
-    kw = transformer_config_kwargs(compose_config(*overrides), mcore_facts(), on_gpu=True, with_te=True)
+    kw = transformer_config_kwargs(_with_te(compose_config(*overrides)), mcore_facts(), on_gpu=True)
     cls = MLATransformerConfig if kw.get("multi_latent_attention") else TransformerConfig
     assert set(kw) - {f.name for f in dataclasses.fields(cls)} == set()
 
 
 def test_cpu_mapping_turns_off_fusions_and_batched_p2p():
     cfg = compose_config("hardware.devices_per_node=4", "model.num_layers=8", "attention_mesh=pp4_vpp2")
-    kw = transformer_config_kwargs(cfg, mcore_facts(), on_gpu=False, with_te=False)
+    kw = transformer_config_kwargs(resolve(cfg), mcore_facts(), on_gpu=False)
     assert kw["use_cpu_initialization"] and all(kw[f] is False for f in FUSIONS)
     assert kw["batch_p2p_comm"] is False and kw["overlap_p2p_comm"] is True
-    gpu = transformer_config_kwargs(cfg, mcore_facts(), on_gpu=True, with_te=True)
+    gpu = transformer_config_kwargs(_with_te(cfg), mcore_facts(), on_gpu=True)
     assert not any(f in gpu for f in FUSIONS) and gpu["batch_p2p_comm"] is False
-    no_vpp = transformer_config_kwargs(compose_config("hardware=h100_sxm", "attention_mesh=pp2"), mcore_facts(),
-                                       on_gpu=True, with_te=True)
+    no_vpp = transformer_config_kwargs(_with_te(compose_config("hardware=h100_sxm", "attention_mesh=pp2")), mcore_facts(),
+                                       on_gpu=True)
     assert no_vpp["overlap_p2p_comm"] is False and no_vpp["batch_p2p_comm"] is True  # Megatron's non-interleaved rule
 
 
 def test_flex_sms_use_the_release_field_name():
     cfg = compose_config("hardware=h100_sxm", "mesh=ep8", "dispatcher=hybridep")
-    old = transformer_config_kwargs(cfg, mcore_facts("0.16.1"), on_gpu=True, with_te=True)
-    new = transformer_config_kwargs(cfg, mcore_facts("0.19.2"), on_gpu=True, with_te=True)
+    old = transformer_config_kwargs(_with_te(cfg), mcore_facts("0.16.1"), on_gpu=True)
+    new = transformer_config_kwargs(_with_te(cfg), mcore_facts("0.19.2"), on_gpu=True)
     assert old["moe_hybridep_num_sms"] == 32 and new["moe_flex_dispatcher_num_sms"] == 32
     assert old["moe_token_dispatcher_type"] == "flex" and old["moe_flex_dispatcher_backend"] == "hybridep"

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from moe_hydra.core.resolved import resolve
 from moe_hydra.planning import memory, plan
 from tests.conftest import compose_config
 
@@ -19,7 +20,7 @@ QWEN30_EP16 = ("model=qwen3_30b_a3b", H100, "hardware.nodes=2", "expert_mesh=ep1
 
 def _assess(*overrides: str):
     cfg = compose_config("stage=plan", *overrides)
-    return cfg, plan.assess(cfg)
+    return cfg, plan.assess(resolve(cfg))
 
 
 @pytest.mark.parametrize("overrides,per_param,shard_bytes", [
@@ -36,7 +37,7 @@ def _assess(*overrides: str):
 def test_static_memory_is_megatrons_bytes_per_parameter(overrides, per_param, shard_bytes):
     cfg, a = _assess(*QWEN30_EP16, *overrides)
     (rank,), (stage,) = a.ranks, a.stages
-    lo = a.layout
+    lo = a.r.layout
     assert (lo.dp, lo.edp) == (16, 1)
     assert stage.weights + stage.gradients == rank.total * per_param
     # dense state sharded over DP x CP = 16, expert state over EDP = 1
@@ -46,7 +47,7 @@ def test_static_memory_is_megatrons_bytes_per_parameter(overrides, per_param, sh
 def test_expert_state_shards_over_expert_data_parallel():
     _, ep16 = _assess(*QWEN30_EP16)
     _, ep8 = _assess("model=qwen3_30b_a3b", H100, "hardware.nodes=2", "expert_mesh=ep8")
-    assert ep8.layout.edp == 2 and ep8.ranks[0].expert == 2 * ep16.ranks[0].expert
+    assert ep8.r.layout.edp == 2 and ep8.ranks[0].expert == 2 * ep16.ranks[0].expert
     # twice the experts per rank, over twice the shards: the same expert optimizer state
     expert_state = [s.optimizer - 12 * r.dense / 16 for s, r in ((ep16.stages[0], ep16.ranks[0]), (ep8.stages[0], ep8.ranks[0]))]
     assert expert_state[0] == pytest.approx(expert_state[1])
@@ -86,7 +87,7 @@ def test_recompute_and_offload_remove_activations_in_the_workflows_order():
 
 def test_full_recompute_keeps_one_hidden_state_per_layer_and_micro_batch():
     cfg, a = _assess(*DSV3, "recompute=full")
-    est = memory.Estimator(cfg, a.layout, a.arch, a.batch["micro_batches_per_step"], flash=True)
+    est = memory.Estimator(a.r)
     stage2 = a.stages[2]  # 8 MoE layers, no embedding, loss or MTP; 35 model-chunk micro-batches in flight
     assert stage2.in_flight == 35 / 4
     assert stage2.activations == pytest.approx(8 * est.hidden * 35 / 4 + est.full_moe)  # + one layer recomputed live
@@ -95,10 +96,10 @@ def test_full_recompute_keeps_one_hidden_state_per_layer_and_micro_batch():
 def test_selective_recompute_drops_exactly_its_terms():
     cfg, _ = _assess(*DSV3, "recompute=selective")
     lo_cfg, a = _assess(*DSV3)
-    terms = memory.layer_terms(lo_cfg, a.layout, a.arch, True, flash=True)
+    terms = memory.layer_terms(a.r, True)
     dropped = {t for m in cfg.recompute.recompute_modules for t in memory.RECOMPUTE_DROPS[m]}
-    est_none = memory.Estimator(lo_cfg, a.layout, a.arch, 16, flash=True)
-    est_sel = memory.Estimator(cfg, a.layout, a.arch, 16, flash=True)
+    est_none = memory.Estimator(a.r)
+    est_sel = memory.Estimator(resolve(cfg))
     assert est_none.moe_layer - est_sel.moe_layer == pytest.approx(sum(terms[t] for t in dropped if t in terms))
 
 
@@ -106,14 +107,14 @@ def test_tensor_parallel_with_sequence_parallel_halves_every_activation():
     cfg1, tp1 = _assess("model=qwen3_30b_a3b", H100, "expert_mesh=ep8")
     cfg2, tp2 = _assess("model=qwen3_30b_a3b", H100, "expert_mesh=ep4", "attention_mesh=tp2",
                         "parallel.sequence_parallel=true", "parallel.expert_tensor_parallel_size=1")
-    one = memory.layer_terms(cfg1, tp1.layout, tp1.arch, True, flash=True)
-    two = memory.layer_terms(cfg2, tp2.layout, tp2.arch, True, flash=True)
+    one = memory.layer_terms(tp1.r, True)
+    two = memory.layer_terms(tp2.r, True)
     assert one.keys() == two.keys()
     for term in one:
         assert two[term] == pytest.approx(one[term] / 2), term
     # without sequence parallelism the hidden-state rows are not split
     cfg3 = dataclasses.replace(cfg2, parallel=dataclasses.replace(cfg2.parallel, sequence_parallel=False))
-    three = memory.layer_terms(cfg3, dataclasses.replace(tp2.layout, sp=False), tp2.arch, True, flash=True)
+    three = memory.layer_terms(resolve(cfg3), True)
     assert three["attn_norm"] == one["attn_norm"] and three["core_attn"] == two["core_attn"]
 
 
@@ -122,11 +123,9 @@ def test_activations_grow_with_micro_batch_and_top_k():
     _, b2 = _assess(*QWEN30_EP16, "train.micro_batch_size=2")
     assert b2.stages[0].activations == pytest.approx(2 * b1.stages[0].activations)
     cfg, a = _assess(*QWEN30_EP16)
-    k8 = memory.layer_terms(cfg, a.layout, a.arch, True, flash=True)
+    k8 = memory.layer_terms(a.r, True)
     cfg4 = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, moe_router_topk=4))
-    from moe_hydra.core.arch import Arch
-
-    k4 = memory.layer_terms(cfg4, a.layout, Arch.from_model(cfg4.model), True, flash=True)
+    k4 = memory.layer_terms(resolve(cfg4), True)
     for term in ("expert_fc1", "expert_act_in", "moe_act", "unpermute"):
         assert k8[term] == pytest.approx(2 * k4[term])
     assert k8["attn_norm"] == k4["attn_norm"]

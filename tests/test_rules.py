@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+import random
 import re
 from pathlib import Path
 
 import pytest
 
+from moe_hydra.core.resolved import resolve
 from moe_hydra.core.versions import mcore_facts
-from moe_hydra.planning import rules
+from moe_hydra.planning import rules, search
 from moe_hydra.planning.rules import LayoutError
+from moe_hydra.planning.rules.base import READS, VARIED, Ctx
 from tests.conftest import compose_config
 
 OLD = mcore_facts("0.16.1")
@@ -138,11 +142,19 @@ CASES = [
     ("C01", ["train.train_iters=5"], r"ends at step 10, after the run's 5 steps"),
     ("C01", ["contract.window=[4,5,6]"], r"must be \[first, last\]"),
     ("V01", [H100, "attention_mesh=tp2", "expert_mesh=ep1"], r"on megatron-core 0\.16\.1, TP 2 with ETP 1 != TP and EP 1"),
+    # planned, searched and fitted, but the job feeds every CP rank whole sequences
+    ("J01", ["stage=run", "hardware.devices_per_node=2", "attention_mesh=cp2"],
+     r"does not split sequences over context-parallel ranks \(CP 2\)"),
 ]
 
 
 def violations(overrides, mcore=OLD):
-    return rules.check(compose_config(*overrides), mcore)
+    """The rules' violations, or the sizes the resolved plan refuses when it is built (S02)."""
+    try:
+        r = resolve(compose_config(*overrides))
+    except LayoutError as e:
+        return e.violations
+    return rules.check(r, mcore)
 
 
 @pytest.mark.parametrize("rule_id,overrides,pattern", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
@@ -201,7 +213,71 @@ def test_version_dependent_rule_follows_the_release():
 def test_layout_error_report_names_every_violation():
     cfg = compose_config("model=mixtral_8x7b", "expert_mesh=ep16")
     with pytest.raises(LayoutError) as e:
-        rules.validate(cfg, mcore=OLD)
+        rules.validate(resolve(cfg), mcore=OLD)
     text = str(e.value)
     assert text.startswith("2 layout violations for mixtral_8x7b on 1 x local_cpu; nothing was launched.")
     assert "[L02]" in text and "[L11]" in text and "fix: " in text
+
+
+# ----------------------------------------------------------------------------- what each kind of rule reads
+
+class _Recorder:
+    """Stands in for a resolved plan (and any node below it): records the dotted path of every value a rule
+    reads that is not itself a node."""
+
+    def __init__(self, obj, path: str, seen: set[str]):
+        self._obj, self._path, self._seen = obj, path, seen
+
+    def __getattr__(self, name: str):
+        value = getattr(self._obj, name)
+        path = f"{self._path}.{name}" if self._path else name
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return _Recorder(value, path, self._seen)
+        self._seen.add(path)
+        return value
+
+
+def _reads(rule, r) -> set[str]:
+    seen: set[str] = set()
+    list(rule(Ctx(_Recorder(r, "", seen), NEW)))
+    return seen
+
+
+def _plans():
+    """Resolved plans that take the rules through their branches: every rule's failing case, and candidates of
+    searches at each recompute level and communication setting."""
+    for _, overrides, _ in CASES:
+        try:
+            yield resolve(compose_config(*overrides))
+        except LayoutError:
+            continue  # refused by the resolved plan itself (S02)
+    rng = random.Random(0)
+    for overrides in (("hardware.devices_per_node=8", "model.num_layers=4", "model.mtp_num_layers=1"),
+                      ("model=qwen3_30b_a3b", H100, "hardware.nodes=2")):
+        s = search.Search(compose_config("stage=plan", *overrides), dispatchers=["alltoall", "deepep"],
+                          ep_overlap=[False, True])
+        for c in rng.sample(list(search.enumerate_layouts(s.base)), 150):
+            for level in s.recompute:
+                yield s.resolved(c, level, rng.choice(s.comms))
+
+
+def test_every_rule_reads_only_what_its_kind_declares():
+    """The layout search caches each kind of rule by the values at its declared paths (cache_key); a rule
+    that read a varied path its kind does not list would be served another candidate's verdict."""
+    undeclared: dict[str, set[str]] = {}
+    for r in _plans():
+        for rule in rules.RULES:
+            declared = set(READS[rule.reads]) | set(rule.comm)
+            varied = {p for p in _reads(rule, r) if p.startswith(VARIED)}
+            if varied - declared:
+                undeclared.setdefault(f"{rule.__name__} (reads={rule.reads})", set()).update(varied - declared)
+    assert not undeclared, undeclared
+
+
+def test_the_recorder_sees_a_rules_reads():
+    """The check above, checked: a rule that reads the micro batch and the tensor-parallel size is seen to."""
+    def probe(c):
+        if c.cfg.train.micro_batch_size and c.layout.tp:
+            yield from ()
+
+    assert _reads(probe, resolve(compose_config())) == {"cfg.train.micro_batch_size", "layout.tp"}

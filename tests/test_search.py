@@ -6,12 +6,13 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import random
 import shlex
 
 import pytest
 
 from moe_hydra.core.arch import Arch
-from moe_hydra.core.layout import Layout
+from moe_hydra.core.resolved import resolve
 from moe_hydra.core.versions import mcore_facts
 from moe_hydra.launch.layout_sweeper import LayoutSweeperImpl
 from moe_hydra.planning import plan, rules, search
@@ -30,7 +31,8 @@ def _legal_by_brute_force(cfg) -> set[tuple]:
         for vpp in [None, *range(2, a.num_layers + 2)] if pp > 1 else [None]:
             split = search.pipeline_split(a, pp, vpp) or "even"
             c = search.Candidate(tp, cp, pp, vpp, ep, etp, cfg.train.micro_batch_size, split)
-            if not rules.check(dataclasses.replace(cfg, parallel=c.parallel(cfg.parallel)), mcore, a):
+            if not rules.check(resolve(dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, **c.fields()))),
+                               mcore):
                 legal.add((tp, cp, pp, vpp, ep, etp))
     return legal
 
@@ -56,10 +58,8 @@ def test_pruned_and_unfit_candidates_really_do_not_fit():
     unfit = [r for r in results if r.legal and not r.pruned and r.fits is False]
     assert pruned and unfit
     for r in pruned[:20] + unfit[:20]:
-        full = dataclasses.replace(s.cfg, parallel=r.candidate.parallel(s.cfg.parallel),
-                                   recompute=s.recompute["full"])
         try:
-            a = plan.assess(full)
+            a = plan.assess(resolve(s.config(r.candidate, "full")))
         except rules.LayoutError:
             continue  # pruned before the rules: illegal as well
         assert a.peak.total / 2**30 > cfg.hardware.memory_gib, r.candidate
@@ -81,11 +81,50 @@ def test_search_estimates_equal_the_plans(communication):
         assert any("dispatcher=deepep" in c["overrides"] for c in top)
         assert any("overlap.overlap_moe_expert_parallel_comm=true" in c["overrides"] for c in top)
     for row in top:  # the row's overrides reproduce its layout, memory and fit in stage=plan
-        p = plan.make_plan(compose_config("stage=plan", "model=qwen3_235b_a22b", H100, "hardware.nodes=32",
-                                          *row["overrides"]), [], {"versions": {}, "env": {}})
+        p = plan.make_plan(resolve(compose_config("stage=plan", "model=qwen3_235b_a22b", H100, "hardware.nodes=32",
+                                                  *row["overrides"])), [], {"versions": {}, "env": {}})
         assert p["layout"] == row["layout"]
         assert p["memory"]["total"] == pytest.approx(row["memory_gib"], abs=1e-3)
         assert p["fits"] is True
+
+
+@pytest.mark.parametrize("overrides,communication", [
+    (("hardware.devices_per_node=8", "model.num_layers=4", "model.mtp_num_layers=1"), False),
+    (("model=qwen3_30b_a3b", H100, "hardware.nodes=2"), True),
+    (("model=deepseek_v3", H100, "hardware.nodes=16"), True),
+])
+def test_search_and_plan_assess_agree_on_sampled_candidates(overrides, communication):
+    """Each sampled candidate, evaluated by the search (its caches) and by stage=plan's assess of the same
+    resolved plan (the candidate's config at the recompute level and communication setting the search chose):
+    the same layout, violations, memory, fit and step-time terms."""
+    cfg = compose_config("stage=plan", *overrides)
+    dispatchers, ep_overlap = _communication(cfg) if communication else (None, None)
+    s = search.Search(cfg, dispatchers=dispatchers, ep_overlap=ep_overlap)
+    every = list(search.enumerate_layouts(s.base))
+    sample = random.Random(1).sample(every, min(300, len(every)))
+    kinds = {"legal": 0, "illegal": 0}
+    for c in sample:
+        got = s.evaluate(c)
+        r = s.resolved(c, got.recompute, got.comm) if got.legal and not got.pruned else s.resolved(c)
+        assert got.layout == r.layout
+        try:
+            a = plan.assess(r)
+        except rules.LayoutError as e:
+            if not got.pruned:  # a pruned candidate's rules were not checked
+                assert sorted(got.violations) == sorted(f"[{v.rule}] {v.message}" for v in e.violations)
+                kinds["illegal"] += 1
+            continue
+        peak = a.peak.total / 2**30
+        if got.pruned:  # weights + gradients alone do not fit: neither does the whole
+            assert peak > cfg.hardware.memory_gib
+            continue
+        kinds["legal"] += 1
+        assert got.legal and got.memory_gib == pytest.approx(peak, rel=1e-12)
+        assert got.fits == (None if cfg.hardware.memory_gib is None else peak <= cfg.hardware.memory_gib)
+        worst = max(a.ranks, key=lambda x: x.total)
+        assert got.terms == s.model.terms(r, worst.dense, worst.expert, got.recompute, got.comm.flex,
+                                          got.comm.ep_overlap)
+    assert kinds["legal"] >= 10 and kinds["illegal"] >= 10, kinds
 
 
 def test_communication_settings_tried_unless_the_command_sets_them():
@@ -154,12 +193,13 @@ def test_step_model_terms_follow_the_topology():
 
 def test_small_expert_gemms_and_the_host_cost_time():
     cfg = compose_config("stage=plan", "model=qwen3_235b_a22b", H100, "hardware.nodes=32")
-    model, k = search.Search(cfg).model, cfg.step_model
+    s = search.Search(cfg)
+    model, k = s.model, cfg.step_model
 
     def terms(tp, ep, recompute="selective"):  # the same parameter counts, so only the layout differs
-        return model.terms(Layout(256, tp, 1, 8, 4, ep, 1, True), 0, 0, 1, recompute)
+        return model.terms(s.resolved(search.Candidate(tp, 1, 8, 4, ep, 1, 1, "even")), 0, 0, recompute)
 
-    ep8, ep32, tp4 = terms(2, 8), terms(2, 32), terms(4, 8, "none")
+    ep8, ep32 = terms(2, 8), terms(2, 32)
     # EP8 gives each expert GEMM a quarter of EP32's rows (EP x 2048 rows x top-8 / 128 experts): the grouped
     # GEMMs run at r / (r + expert_rows_half) of the dense rate; the FLOPs are the same
     dense_part = model.gbs * model.seq * model.recompute_flops["selective"] / 256 * (model.dense_s + model.attention_s)
@@ -167,8 +207,10 @@ def test_small_expert_gemms_and_the_host_cost_time():
     assert (ep8["compute"] - dense_part) * rate[8] == pytest.approx((ep32["compute"] - dense_part) * rate[32])
     # the GPU waits for the host when a micro-batch's layer takes less than the host's launches for it:
     # Qwen3-30B-A3B's small layers, with EP overlap hiding the all-to-all
-    small = search.Search(compose_config("stage=plan", "model=qwen3_30b_a3b", H100, "hardware.nodes=2")).model
-    t = small.terms(Layout(16, 1, 1, 1, None, 16, 1, False), 0, 0, 1, "none", ep_overlap=True)
+    small_search = search.Search(compose_config("stage=plan", "model=qwen3_30b_a3b", H100, "hardware.nodes=2"))
+    small = small_search.model
+    t = small.terms(small_search.resolved(search.Candidate(1, 1, 1, None, 16, 1, 1, "even")), 0, 0, "none",
+                    ep_overlap=True)
     host = cfg.step_model.host_ms_per_moe_layer * 1e-3 * 48 * (small.gbs // 16)  # 48 MoE layers, GBS / DP16
     assert t["host"] == pytest.approx(host - (t["compute"] + t["ep"])) and t["host"] > 0
     assert ep32["host"] == 0 and ep32["step"] == pytest.approx(sum(v for n, v in ep32.items() if n != "step"))
@@ -186,7 +228,7 @@ def test_published_layouts_are_legal_fit_and_rank_in_the_top_10(model, nodes, me
     ref = compose_config(*base, f"mesh={mesh}")
     p = ref.parallel
     key = (p.tensor_model_parallel_size, p.context_parallel_size, p.pipeline_model_parallel_size,
-           plan.assess(ref).layout.vpp, p.expert_model_parallel_size, p.expert_tensor_parallel_size)
+           resolve(ref).layout.vpp, p.expert_model_parallel_size, p.expert_tensor_parallel_size)
     cfg = compose_config(*base)
     dispatchers, ep_overlap = _communication(cfg)
     results = search.Search(cfg, dispatchers=dispatchers, ep_overlap=ep_overlap).run()

@@ -7,7 +7,7 @@
 Runs (``results.json`` under the directories) are grouped by their contract with the compared variables left
 out: the variables swept by the runs' own multirun, or ``--variable``. Arms of a group differ only in those
 variables by construction; runs that differ in anything else are never compared, and when no group has two
-arms the comparison is refused with the contract diff shown. Statistics: :mod:`moe_hydra.stats`.
+arms the comparison is refused with the contract diff shown. Statistics: :mod:`moe_hydra.core.stats`.
 
 Output: a table on the terminal, ``compare.md`` and ``compare.png`` (step-time distributions per arm) in the
 first directory. Exit code 0 whatever the verdict; 2 for refusals, 1 for errors. Corrupt, truncated or

@@ -58,7 +58,7 @@ def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Arch:
-    """The numbers every counter needs, read once from a :class:`~moe_hydra.schema.ModelConfig`."""
+    """The numbers every counter needs, read once from a :class:`~moe_hydra.core.schema.ModelConfig`."""
 
     h: int
     num_layers: int

@@ -48,14 +48,17 @@ def label(cfg: Any) -> tuple[str, list[str]]:
     return (BENCHMARK_ONLY if reasons else TRAINING_EQUIVALENT), reasons
 
 
-def build(cfg: Any, parallel: dict[str, Any], batch: dict[str, Any], env: dict[str, Any]) -> dict[str, Any]:
-    """The contract of a composed config; ``parallel`` and ``batch`` as resolved by the plan."""
+def build(cfg: Any, r: Any, env: dict[str, Any]) -> dict[str, Any]:
+    """The contract of a composed config; the layout, the batch and the implementation as resolved (``r``, a
+    :class:`~moe_hydra.core.resolved.Resolved`)."""
     contract = {name: dataclasses.asdict(getattr(cfg, name)) for name in SECTIONS}
-    contract["parallel"] = {**dataclasses.asdict(cfg.parallel), **parallel}
+    contract["parallel"] = {**dataclasses.asdict(cfg.parallel), **r.layout.to_megatron()}
     # micro-batches per step follow from the layout (GBS / (MBS x DP)): part of the layout, not the batch
     contract["train"] = {"seq_length": cfg.train.seq_length, "train_iters": cfg.train.train_iters,
                          "layout_invariant_init": cfg.train.layout_invariant_init,
-                         **{k: v for k, v in batch.items() if k != "micro_batches_per_step"}}
+                         **{k: v for k, v in r.batch.as_dict().items() if k != "micro_batches_per_step"}}
+    # what runs (TE or local layers, flash or unfused attention, ...): arms built differently are not matched
+    contract["implementation"] = {k: v for k, v in dataclasses.asdict(r.impl).items() if k != "source"}
     contract["timing"] = {"warmup_steps": cfg.contract.warmup_steps, "window": list(cfg.contract.window)}
     contract["seed"] = cfg.seed
     contract["software"] = {k: v for k, v in env["versions"].items() if k in SOFTWARE}

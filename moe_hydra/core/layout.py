@@ -15,7 +15,7 @@ Pure: standard library only.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from moe_hydra.core.pipeline import stage_count
@@ -31,6 +31,14 @@ class Layout:
     ep: int = 1
     etp: int = 1
     sp: bool = False
+    # derived when built (every stage reads them, the layout search some hundred thousand times)
+    dp: int = field(init=False)  # data-parallel size of the attention mesh (0 when the world does not divide)
+    edp: int = field(init=False)  # expert data-parallel size (0 when the world does not divide)
+
+    def __post_init__(self) -> None:
+        for name, size in (("dp", self.tp * self.cp * self.pp), ("edp", self.etp * self.ep * self.pp)):
+            q, r = divmod(self.world_size, size) if size > 0 else (0, 1)
+            object.__setattr__(self, name, 0 if r else q)
 
     @classmethod
     def from_config(cls, cfg: Any) -> "Layout":
@@ -63,18 +71,6 @@ class Layout:
     def expert_model_size(self) -> int:
         """ETP x EP x PP: the ranks one expert-mesh replica spans."""
         return self.etp * self.ep * self.pp
-
-    @property
-    def dp(self) -> int:
-        """Data-parallel size of the attention mesh (0 when the world does not divide)."""
-        q, r = divmod(self.world_size, self.attention_model_size)
-        return 0 if r else q
-
-    @property
-    def edp(self) -> int:
-        """Expert data-parallel size (0 when the world does not divide)."""
-        q, r = divmod(self.world_size, self.expert_model_size)
-        return 0 if r else q
 
     @property
     def min_gpus(self) -> int:

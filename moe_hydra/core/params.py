@@ -9,7 +9,7 @@ blocks holds its own copy of the embedding; with MTP the final norm sits with th
 Per rank, Megatron's sharding applies: attention, dense MLP, shared experts, embedding and output
 layer over TP (the vocabulary padded to a multiple of 128 x TP); routed experts over EP (whole
 experts) and ETP (within an expert); norms, router and MLA down-projections replicated (Transformer
-Engine spec); layers over the pipeline ranks as :mod:`moe_hydra.pipeline` assigns them. With tied
+Engine spec); layers over the pipeline ranks as :mod:`moe_hydra.core.pipeline` assigns them. With tied
 embeddings and PP > 1 the last stage holds its own copy of the output weight.
 
 Pure: standard library only.
@@ -144,30 +144,14 @@ def active_params(a: Arch) -> int:
     return _whole_model(a, a.topk if a.experts else 0)
 
 
-def stages(a: Arch, layout: Layout, parallel) -> tuple[RankLayers, ...]:
-    """What each pipeline rank holds; ``parallel`` is the config's node, for the split fields."""
-    return assign(
-        a.num_layers,
-        a.mtp,
-        pp=layout.pp,
-        vpp=layout.vpp,
-        layout=parallel.pipeline_model_parallel_layout,
-        first=parallel.num_layers_in_first_pipeline_stage,
-        last=parallel.num_layers_in_last_pipeline_stage,
-        account_embedding=parallel.account_for_embedding_in_pipeline_split,
-        account_loss=parallel.account_for_loss_in_pipeline_split,
-    )
-
-
-def params_per_rank(a: Arch, layout: Layout, parallel, *, te_spec: bool = True,
-                    split: tuple[RankLayers, ...] | None = None) -> list[RankParams]:
+def params_per_rank(a: Arch, layout: Layout, split: tuple[RankLayers, ...], *, te_spec: bool) -> list[RankParams]:
     """Parameters on one rank of each pipeline stage (all TP/EP ranks of a stage hold the same).
 
-    ``parallel`` is the config's ``parallel`` node, for the pipeline split fields (or pass ``split``,
-    the output of :func:`stages`); ``te_spec``: the layer spec the job builds (see the module doc).
+    ``split``: what each pipeline rank holds (``Resolved.split``); ``te_spec``: the layer spec the job builds
+    (see the module doc).
     """
     counter = _counter(a, layout.tp, layout.etp, a.experts // layout.ep if a.experts else 0, te_spec)
-    return [counter.rank(s, layout.pp) for s in (split or stages(a, layout, parallel))]
+    return [counter.rank(s, layout.pp) for s in split]
 
 
 @lru_cache(maxsize=1024)

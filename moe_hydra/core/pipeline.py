@@ -6,7 +6,7 @@ an explicit ``pipeline_model_parallel_layout`` string, uneven first/last stages
 loss may each count as one layer (``account_for_*_in_pipeline_split``). Virtual stage i lives on
 pipeline rank i % PP. MTP blocks sit on the last stage unless a layout string places them.
 
-Pure: standard library only. Callers check divisibility first (:mod:`moe_hydra.rules`);
+Pure: standard library only. Callers check divisibility first (:mod:`moe_hydra.planning.rules`);
 :func:`assign` raises ``ValueError`` on a split it cannot make.
 """
 

@@ -6,12 +6,12 @@ at compose time, before anything is planned or launched.
 
 Where each node goes:
 
-- ``model``      architecture (``conf/model``), read by :mod:`moe_hydra.arch`, :mod:`moe_hydra.flops`,
-  :mod:`moe_hydra.params`.
+- ``model``      architecture (``conf/model``), read by :mod:`moe_hydra.core.arch`, :mod:`moe_hydra.core.flops`,
+  :mod:`moe_hydra.core.params`.
 - ``hardware``   topology and peaks (``conf/hardware``).
 - ``precision``  compute precision recipe (``conf/precision``).
 - ``parallel``   both meshes; written by the ``attention_mesh``, ``expert_mesh`` and ``mesh`` groups.
-  DP and EDP are derived (:class:`moe_hydra.layout.Layout`), never set.
+  DP and EDP are derived (:class:`moe_hydra.core.layout.Layout`), never set.
 - ``recompute``, ``offload``, ``dispatcher``, ``routing``: one group each.
 - ``kernels``, ``overlap``, ``optimizer``, ``train``, ``data``, ``contract``: plain nodes, overridden by key.
 - ``launcher``, ``logger``: where and how a run is executed and recorded.
@@ -21,11 +21,30 @@ Pure module: imports only the standard library and omegaconf.
 
 from __future__ import annotations
 
+import importlib.resources
+import os
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from omegaconf import II, MISSING
+
+# The configs: conf/ at the top of the repository, installed as this package (pyproject.toml maps it).
+CONF_PACKAGE = "moe_hydra.conf"
+# A cluster's own settings: <dir>/site/default.yaml joins the search path (hydra_plugins.moe_hydra_site).
+SITE_ENV = "MOE_HYDRA_SITE"
+
+
+def conf_dir() -> Path:
+    """Where the configs are on this machine (the repository's conf/, or the installed package's)."""
+    return Path(str(importlib.resources.files(CONF_PACKAGE)))
+
+
+def site_dir() -> Path | None:
+    """The site directory ``MOE_HYDRA_SITE`` names, or None."""
+    site = os.environ.get(SITE_ENV)
+    return Path(site).resolve() if site else None
 
 
 class Stage(str, Enum):
@@ -130,6 +149,10 @@ class HardwareConfig:
     nvlink_bandwidth_gb_s: Optional[float] = None
     # Scale-out (NIC) bandwidth per device, GB/s.
     scaleout_bandwidth_gb_s: Optional[float] = None
+    # The software stack the planner assumes on this platform: Transformer Engine present (TE layers, flash
+    # attention, grouped experts, fused Adam) or not (the local spec: unfused attention, sequential experts,
+    # torch's Adam). stage=run detects it on the machine instead (moe_hydra.core.resolved.Implementation).
+    transformer_engine: bool = False
     # The flex dispatcher preset (conf/dispatcher) the workflow tries first on this platform: deepep on
     # NVL8, hybridep on NVL72 (workflow.md §7). The layout search tries it with every layout; null: none.
     flex_dispatcher: Optional[str] = None
@@ -156,7 +179,7 @@ class ParallelConfig:
     """Both meshes of Parallel Folding, sharing PP.
 
     attention mesh: world = TP x CP x DP x PP       expert mesh: world = ETP x EP x EDP x PP
-    DP and EDP are derived by :class:`moe_hydra.layout.Layout`.
+    DP and EDP are derived by :class:`moe_hydra.core.layout.Layout`.
     """
 
     tensor_model_parallel_size: int = 1
@@ -208,7 +231,7 @@ class DispatcherConfig:
     # flex only: deepep | hybridep.
     moe_flex_dispatcher_backend: Optional[str] = None
     # SMs given to the flex kernels; mapped to the installed megatron-core's field names by
-    # moe_hydra.versions (moe_deepep_num_sms / moe_hybridep_num_sms / moe_flex_dispatcher_num_sms).
+    # moe_hydra.core.versions (moe_deepep_num_sms / moe_hybridep_num_sms / moe_flex_dispatcher_num_sms).
     num_sms: Optional[int] = None
 
 
@@ -279,7 +302,7 @@ class TrainConfig:
     # Print a metrics line every N steps (rank 0).
     log_interval: int = 1
     # Draw every weight from (seed, its global name), so any layout of the model starts from the same
-    # weights and loss curves compare step by step across layouts (moe_hydra.weights).
+    # weights and loss curves compare step by step across layouts (moe_hydra.job.weights).
     layout_invariant_init: bool = True
     # Raise inside the job at this step: exercises failure reporting end to end (tests, launchers).
     fail_at_step: Optional[int] = None
@@ -295,7 +318,7 @@ class DataConfig:
 
 @dataclass(kw_only=True, slots=True)
 class MemoryConfig:
-    """The memory estimate's declared allowances (moe_hydra.memory) and what stage=run does with it."""
+    """The memory estimate's declared allowances (moe_hydra.planning.memory) and what stage=run does with it."""
 
     # stage=run refuses a layout whose estimate exceeds hardware.memory_gib; false runs it anyway.
     refuse_unfit: bool = True
@@ -360,7 +383,7 @@ class LoggerConfig:
 @dataclass(kw_only=True, slots=True)
 class StepModelConfig:
     """The sustained fractions of the hardware's peaks the layout search's step-time model uses
-    (moe_hydra.step_model). Fitted to published H100 measurements (benchmarks/step_model_calibration.py);
+    (moe_hydra.planning.step_model). Fitted to published H100 measurements (benchmarks/step_model_calibration.py);
     refit them to your cluster's screening runs."""
 
     # Priors (not fitted): dense GEMMs (attention projections, dense/shared MLPs, logits), fraction of

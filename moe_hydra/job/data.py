@@ -21,12 +21,8 @@ class MockData:
     seq_length: int
     micro_batch_size: int
     global_batch_size: int
-    dp_size: int
+    microbatches: int  # per data-parallel rank and step (the resolved batch's micro_batches_per_step)
     seed: int
-
-    @property
-    def microbatches(self) -> int:
-        return self.global_batch_size // (self.micro_batch_size * self.dp_size)
 
     def sample(self, index: int) -> torch.Tensor:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + index)

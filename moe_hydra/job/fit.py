@@ -1,11 +1,11 @@
 """``stage=fit``: build ranks of the target layout with Megatron-Core itself, on this machine.
 
-Each chosen rank is one process (``python -m moe_hydra.fit SPEC RESULT``) that joins torch's
+Each chosen rank is one process (``python -m moe_hydra.job.fit SPEC RESULT``) that joins torch's
 ``fake`` process group (a ``FakeStore``, every collective a no-op) at the target world size, runs
 ``initialize_model_parallel`` for both meshes and builds that rank's ``GPTModel`` chunks on the meta
 device: shapes and parameters without memory, so a rank of a 1024-GPU DeepSeek-V3 builds on a
 laptop. The parameters the build holds (dense, and expert = the routed experts' ``mlp.experts``)
-are compared with :func:`moe_hydra.params.params_per_rank` for the layer spec that was built; they
+are compared with :func:`moe_hydra.core.params.params_per_rank` for the layer spec that was built; they
 must agree exactly. What Megatron-Core refuses (``TransformerConfig`` checks, parallel-state
 asserts, model construction) is reported as the refusal, with its message.
 
@@ -31,24 +31,24 @@ from pathlib import Path
 from typing import Any
 
 from moe_hydra.core import params
-from moe_hydra.core.arch import Arch
 from moe_hydra.core.io import write_json
-from moe_hydra.core.layout import Layout
+from moe_hydra.core.resolved import Resolved
 
 
-def ranks_to_build(cfg: Any, lo: Layout, most_loaded: int) -> dict[int, int]:
+def ranks_to_build(r: Resolved, most_loaded: int) -> dict[int, int]:
     """{pipeline rank: global rank} for the first, the most-loaded and the last stage.
 
     Megatron's default order ``tp-cp-ep-dp-pp`` puts PP outermost (stride world / PP);
     ``use_tp_pp_dp_mapping`` puts it right after TP x CP."""
-    stride = lo.tp * lo.cp if cfg.parallel.use_tp_pp_dp_mapping else lo.world_size // lo.pp
-    return {r: r * stride for r in sorted({0, most_loaded, lo.pp - 1})}
+    lo = r.layout
+    stride = lo.tp * lo.cp if r.cfg.parallel.use_tp_pp_dp_mapping else lo.world_size // lo.pp
+    return {pp: pp * stride for pp in sorted({0, most_loaded, lo.pp - 1})}
 
 
-def run(cfg: Any, config: dict[str, Any], plan: dict[str, Any], out_dir: Path, console=None) -> dict[str, Any]:
+def run(r: Resolved, config: dict[str, Any], plan: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     """Build the chosen ranks (two processes at a time), compare with the estimator, write ``fit.json``."""
-    lo = Layout.from_config(cfg)
-    chosen = ranks_to_build(cfg, lo, plan["memory"]["most_loaded_pp_rank"])
+    lo = r.layout
+    chosen = ranks_to_build(r, plan["memory"]["most_loaded_pp_rank"])
     work = out_dir / "fit"
     work.mkdir(parents=True, exist_ok=True)
     spec = {"config": config, "plan": plan}
@@ -74,32 +74,32 @@ def run(cfg: Any, config: dict[str, Any], plan: dict[str, Any], out_dir: Path, c
                 tail = (work / f"rank{rank}.log").read_text()[-2000:]
                 results.append({"rank": rank, "refused": f"the build process exited {proc.returncode}:\n{tail}"})
         time.sleep(0.05)
-    results.sort(key=lambda r: r["rank"])
-    built_te = any(r.get("layer_spec") == "transformer_engine" for r in results)
-    _compare(cfg, lo, results, te_spec=built_te)
+    results.sort(key=lambda x: x["rank"])
+    built_te = any(x.get("layer_spec") == "transformer_engine" for x in results)
+    _compare(r, results, te_spec=built_te)
     report = {
         "stage": "fit",
         "world_size": lo.world_size,
         "layout": lo.describe(),
         "layer_spec": "transformer_engine" if built_te else "local",
         "ranks": results,
-        "agree": all(r.get("agree") for r in results),
-        "refused": [r["refused"] for r in results if r.get("refused")],
-        "notes": _notes(cfg, plan, built_te),
+        "agree": all(x.get("agree") for x in results),
+        "refused": [x["refused"] for x in results if x.get("refused")],
+        "notes": _notes(r.cfg, plan, built_te),
     }
     write_json(report, out_dir / "fit.json")
     return report
 
 
-def _compare(cfg: Any, lo: Layout, results: list[dict[str, Any]], te_spec: bool) -> None:
-    est = params.params_per_rank(Arch.from_model(cfg.model), lo, cfg.parallel, te_spec=te_spec)
-    for r in results:
-        if r.get("refused"):
-            r["agree"] = False
+def _compare(r: Resolved, results: list[dict[str, Any]], te_spec: bool) -> None:
+    est = params.params_per_rank(r.arch, r.layout, r.split, te_spec=te_spec)
+    for x in results:
+        if x.get("refused"):
+            x["agree"] = False
             continue
-        e = est[r["pp_rank"]]
-        r["estimate"] = {"dense": e.dense, "expert": e.expert, "total": e.total}
-        r["agree"] = r["built"] == r["estimate"]
+        e = est[x["pp_rank"]]
+        x["estimate"] = {"dense": e.dense, "expert": e.expert, "total": e.total}
+        x["agree"] = x["built"] == x["estimate"]
 
 
 def _notes(cfg: Any, plan: dict[str, Any], built_te: bool) -> list[str]:
@@ -108,9 +108,9 @@ def _notes(cfg: Any, plan: dict[str, Any], built_te: bool) -> list[str]:
         notes.append("the fake process group refuses the flex dispatcher (L74): built with alltoall, "
                      "which holds the same parameters")
     if not built_te and plan["layer_spec"] == "transformer_engine":
-        notes.append("built with the local layer spec (Transformer Engine is not installed here) and compared with "
-                     "the estimator for that spec; the plan counts the Transformer Engine spec the GPUs run, the same "
-                     "but for MLA's q/kv down-projections, which it replicates over TP")
+        notes.append("built with the local layer spec (the fit builds on the meta device, without a GPU) and compared "
+                     "with the estimator for that spec; the plan counts the Transformer Engine spec the GPUs run, the "
+                     "same but for MLA's q/kv down-projections, which it replicates over TP")
     return notes
 
 
@@ -138,12 +138,12 @@ def _build_rank(spec: dict[str, Any], rank: int) -> dict[str, Any]:
 
     from omegaconf import OmegaConf
 
+    from moe_hydra.core.resolved import Implementation, resolve
     from moe_hydra.core.schema import Config
     from moe_hydra.job import compat
 
     cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), spec["config"]))
     plan = spec["plan"]
-    world = plan["world_size"]
     if cfg.dispatcher.moe_token_dispatcher_type == "flex":  # L74: not with the fake backend
         cfg = dataclasses.replace(cfg, dispatcher=dataclasses.replace(cfg.dispatcher, moe_token_dispatcher_type="alltoall"))
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, layout_invariant_init=False))
@@ -156,11 +156,15 @@ def _build_rank(spec: dict[str, Any], rank: int) -> dict[str, Any]:
 
     from moe_hydra.job.train import Job
 
-    job = Job(cfg, plan)
+    # the local layer spec, on the meta device (no GPU in this process)
+    impl = Implementation.of(cfg, gpu=False, te=False, grouped_gemm=False, apex=False,
+                             source="stage=fit: the local spec on the meta device")
+    r = resolve(cfg, impl)
+    job = Job(r, plan)
     job.shims = compat.apply()
-    job.on_gpu, job.with_te = False, compat.te_available()
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
-    out: dict[str, Any] = {"rank": rank, "layer_spec": "local"}
+    job.on_gpu = False
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=r.layout.world_size)
+    out: dict[str, Any] = {"rank": rank, "layer_spec": impl.layer_spec}
     try:
         from megatron.core import parallel_state as ps
 
@@ -169,7 +173,7 @@ def _build_rank(spec: dict[str, Any], rank: int) -> dict[str, Any]:
                    ep_rank=ps.get_expert_model_parallel_rank())
         tcfg = job.transformer_config()
         tcfg.use_cpu_initialization, tcfg.perform_initialization = True, False
-        if tcfg.multi_latent_attention and not job.with_te:
+        if tcfg.multi_latent_attention and not compat.te_available():
             _mla_without_te()
         with torch.device("meta"):
             chunks = job.build_model(tcfg)

@@ -1,7 +1,7 @@
 """The composed config as Megatron-Core ``TransformerConfig`` keyword arguments.
 
 One mapping, field by field, from moe_hydra's schema (which already uses Megatron's names) to the
-installed release's names (:mod:`moe_hydra.versions`). Dtypes and the activation are returned as
+installed release's names (:mod:`moe_hydra.core.versions`). Dtypes and the activation are returned as
 names (``"bf16"``, ``"silu"``) so this module stays pure; the job turns them into torch objects.
 
 Pure: standard library only.
@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from moe_hydra.core.arch import parse_moe_layer_freq
+from moe_hydra.core.resolved import Resolved
 from moe_hydra.core.versions import McoreFacts
 
 # Switched off where Transformer Engine / Apex kernels are missing (CPU, or a GPU without TE).
@@ -19,10 +20,13 @@ FUSIONS = ("bias_dropout_fusion", "bias_activation_fusion", "apply_rope_fusion",
            "persist_layer_norm", "gradient_accumulation_fusion")
 
 
-def transformer_config_kwargs(cfg: Any, mcore: McoreFacts, *, on_gpu: bool, with_te: bool) -> dict[str, Any]:
-    """Keyword arguments for ``TransformerConfig`` (or ``MLATransformerConfig`` with MLA)."""
+def transformer_config_kwargs(resolved: Resolved, mcore: McoreFacts, *, on_gpu: bool) -> dict[str, Any]:
+    """Keyword arguments for ``TransformerConfig`` (or ``MLATransformerConfig`` with MLA): the parallel sizes
+    from the resolved layout (the same object ``initialize_model_parallel`` reads), the fused kernels from the
+    resolved implementation."""
+    cfg, lo, with_te = resolved.cfg, resolved.layout, resolved.impl.te
     m, p, pr, d, r = cfg.model, cfg.parallel, cfg.precision, cfg.dispatcher, cfg.routing
-    interleaved = p.virtual_pipeline_model_parallel_size is not None or p.pipeline_model_parallel_layout is not None
+    interleaved = lo.vpp is not None
     # Megatron overlaps p2p only in the interleaved schedule (it refuses it otherwise). On gloo, batched
     # p2p between two stages that are each other's both neighbours swaps equal-shaped activations and
     # gradients (silently wrong, mcore-on-cpu.md §4): without a GPU, p2p is never batched.
@@ -45,13 +49,7 @@ def transformer_config_kwargs(cfg: Any, mcore: McoreFacts, *, on_gpu: bool, with
         attention_dropout=0.0,
         mtp_num_layers=m.mtp_num_layers,
         # parallelism (both meshes)
-        tensor_model_parallel_size=p.tensor_model_parallel_size,
-        context_parallel_size=p.context_parallel_size,
-        pipeline_model_parallel_size=p.pipeline_model_parallel_size,
-        virtual_pipeline_model_parallel_size=p.virtual_pipeline_model_parallel_size,
-        sequence_parallel=p.sequence_parallel,
-        expert_model_parallel_size=p.expert_model_parallel_size,
-        expert_tensor_parallel_size=p.expert_tensor_parallel_size,
+        **{k: v for k, v in lo.to_megatron().items() if k not in ("data_parallel_size", "expert_data_parallel_size")},
         cp_comm_type=p.cp_comm_type,
         hierarchical_context_parallel_sizes=p.hierarchical_context_parallel_sizes,
         pipeline_model_parallel_layout=p.pipeline_model_parallel_layout,

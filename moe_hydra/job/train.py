@@ -29,30 +29,30 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
 
 from moe_hydra.core import metrics
-from moe_hydra.core.arch import Arch
 from moe_hydra.core.io import write_json
-from moe_hydra.core.schema import Config
+from moe_hydra.core.resolved import Resolved
 from moe_hydra.core.versions import mcore_facts
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 def worker(spec: dict[str, Any]) -> dict[str, Any] | None:
-    """Entry point of every rank. ``spec``: ``config`` (resolved, plain), ``out_dir``, ``plan``, ``env``.
+    """Entry point of every rank. ``spec``: ``resolved`` (the :class:`~moe_hydra.core.resolved.Resolved` plan
+    this job builds), ``plan`` (plan.json's record), ``config`` (the composed config, plain, for W&B),
+    ``out_dir``, ``env``.
 
     The distributed environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
     MASTER_PORT) comes from the launcher. Returns the results on rank 0, None elsewhere.
     """
-    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), spec["config"]))
+    r: Resolved = spec["resolved"]
     out_dir = Path(spec["out_dir"])
     rank = int(os.environ.get("RANK", "0"))
     _warnings_to_file(out_dir / "ranks" / f"warnings.rank{rank}.log")
     results = None
     try:
-        results = Job(cfg, spec["plan"], spec.get("env")).run(out_dir)
+        results = Job(r, spec["plan"], spec.get("env")).run(out_dir)
         return results
     except BaseException as e:
         if rank == 0:
@@ -64,7 +64,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any] | None:
         if rank == 0 and results is not None:
             from moe_hydra.job import tracking
 
-            tracking.log_run(spec["config"], results, out_dir, spec["plan"]["tracking"], cfg.logger)
+            tracking.log_run(spec["config"], results, out_dir, spec["plan"]["tracking"], r.cfg.logger)
 
 
 def _warnings_to_file(path: Path) -> None:
@@ -80,12 +80,12 @@ def _warnings_to_file(path: Path) -> None:
 
 
 class Job:
-    """One rank of the job: :meth:`run` trains and measures. ``stage=fit`` (moe_hydra.fit) reuses the setup
+    """One rank of the job: :meth:`run` trains and measures. ``stage=fit`` (moe_hydra.job.fit) reuses the setup
     steps — :meth:`init_model_parallel`, :meth:`transformer_config`, :meth:`build_model` — on a fake
     process group."""
 
-    def __init__(self, cfg: Config, plan: dict[str, Any], env_snapshot: dict[str, Any] | None = None):
-        self.cfg, self.plan, self.env_snapshot = cfg, plan, env_snapshot
+    def __init__(self, r: Resolved, plan: dict[str, Any], env_snapshot: dict[str, Any] | None = None):
+        self.r, self.cfg, self.plan, self.env_snapshot = r, r.cfg, plan, env_snapshot
 
     # ------------------------------------------------------------------ setup
 
@@ -97,7 +97,6 @@ class Job:
 
         self.shims = compat.apply()
         self.on_gpu = torch.cuda.is_available()
-        self.with_te = compat.te_available()
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         if self.on_gpu:
@@ -114,15 +113,15 @@ class Job:
         """Both meshes' process groups (``extra``: e.g. ``create_gloo_process_groups=False`` for stage=fit)."""
         from megatron.core import parallel_state as ps
 
-        p = self.cfg.parallel
+        p, lo = self.cfg.parallel, self.r.layout
         ps.initialize_model_parallel(
-            tensor_model_parallel_size=p.tensor_model_parallel_size,
-            pipeline_model_parallel_size=p.pipeline_model_parallel_size,
-            virtual_pipeline_model_parallel_size=self.plan["parallel"]["virtual_pipeline_model_parallel_size"],
-            context_parallel_size=p.context_parallel_size,
+            tensor_model_parallel_size=lo.tp,
+            pipeline_model_parallel_size=lo.pp,
+            virtual_pipeline_model_parallel_size=lo.vpp,
+            context_parallel_size=lo.cp,
             hierarchical_context_parallel_sizes=p.hierarchical_context_parallel_sizes,
-            expert_model_parallel_size=p.expert_model_parallel_size,
-            expert_tensor_parallel_size=self.plan["parallel"]["expert_tensor_parallel_size"],
+            expert_model_parallel_size=lo.ep,
+            expert_tensor_parallel_size=lo.etp,
             num_distributed_optimizer_instances=self.cfg.optimizer.num_distributed_optimizer_instances,
             order="tp-cp-ep-pp-dp" if p.use_tp_pp_dp_mapping else "tp-cp-ep-dp-pp",
             **extra,
@@ -132,9 +131,9 @@ class Job:
         import torch
         from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
-        from moe_hydra.job.train.mcore_args import transformer_config_kwargs
+        from moe_hydra.job.mcore_args import transformer_config_kwargs
 
-        kw = transformer_config_kwargs(self.cfg, mcore_facts(), on_gpu=self.on_gpu, with_te=self.with_te)
+        kw = transformer_config_kwargs(self.r, mcore_facts(), on_gpu=self.on_gpu)
         for key in ("params_dtype", "pipeline_dtype"):
             kw[key] = getattr(torch, _DTYPES[kw[key]])
         kw["activation_func"] = getattr(torch.nn.functional, kw["activation_func"])
@@ -158,14 +157,13 @@ class Job:
         from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
         from megatron.core.transformer.module import Float16Module
 
-        from moe_hydra.job.train.weights import layout_invariant_init
+        from moe_hydra.job.weights import layout_invariant_init
 
         m, seed = self.cfg.model, self.cfg.seed
         torch.manual_seed(seed)
         model_parallel_cuda_manual_seed(seed)
-        use_te = self.on_gpu and self.with_te
-        vpp = self.plan["parallel"]["virtual_pipeline_model_parallel_size"] or 1
-        self.arch = Arch.from_model(m)
+        use_te = self.r.impl.te
+        vpp = self.r.layout.vpp or 1
         chunks, self.redrawn = [], 0
         last_layer = get_gpt_decoder_layer_specs(tcfg, use_te, normalization=m.normalization)[-1]
         for stage in range(vpp):
@@ -177,7 +175,7 @@ class Job:
             model = GPTModel(
                 config=tcfg,
                 transformer_layer_spec=block,
-                vocab_size=self.arch.padded_vocab(tcfg.tensor_model_parallel_size),
+                vocab_size=self.r.arch.padded_vocab(self.r.layout.tp),
                 max_sequence_length=self.cfg.train.seq_length,
                 pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
                 post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp),
@@ -250,10 +248,10 @@ class Job:
     def _forward_step(self, data, tcfg):
         import torch
 
-        seq = self.cfg.train.seq_length
-        position_ids = torch.arange(seq, device=self.device).unsqueeze(0).expand(self.cfg.train.micro_batch_size, seq)
+        seq, mbs = self.r.batch.seq_length, self.r.batch.micro_batch_size
+        position_ids = torch.arange(seq, device=self.device).unsqueeze(0).expand(mbs, seq)
         # The local (non-TE) attention needs an explicit causal mask; TE's causal kernels take none.
-        mask = None if (self.on_gpu and self.with_te) else torch.triu(
+        mask = None if self.r.impl.te else torch.triu(
             torch.ones(1, 1, seq, seq, dtype=torch.bool, device=self.device), diagonal=1)
 
         def forward_step(data_iterator, model):
@@ -277,7 +275,7 @@ class Job:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         from moe_hydra.job import telemetry
-        from moe_hydra.job.train.data import MockData
+        from moe_hydra.job.data import MockData
 
         self._init_distributed()
         if self.rank == 0:
@@ -289,17 +287,18 @@ class Job:
         chunks = self.build_model(tcfg)
         model, optimizer = self.wrap_and_optimizer(tcfg, chunks)
         cfg, plan = self.cfg, self.plan
-        t, contract = cfg.train, cfg.contract
-        dp = ps.get_data_parallel_world_size()
-        gbs = plan["batch"]["global_batch_size"]
-        data = MockData(cfg.model.vocab_size, t.seq_length, t.micro_batch_size, gbs, dp, cfg.data.seed)
+        t, contract, batch = cfg.train, cfg.contract, self.r.batch
+        if ps.get_data_parallel_world_size() != self.r.layout.dp:
+            raise RuntimeError(f"Megatron-Core built DP {ps.get_data_parallel_world_size()}, the plan DP {self.r.layout.dp}")
+        data = MockData(cfg.model.vocab_size, batch.seq_length, batch.micro_batch_size, batch.global_batch_size,
+                        batch.micro_batches_per_step, cfg.data.seed)
         dp_rank = ps.get_data_parallel_rank()
         forward_backward = get_forward_backward_func()
         forward_step = self._forward_step(data, tcfg)
         last_stage = ps.is_pipeline_last_stage(ignore_virtual=True)
         gpu = telemetry.open_gpu(self.local_rank) if self.on_gpu else None
         peak, peak_field = metrics.peak_tflops(cfg.hardware, cfg.precision)
-        tokens_per_step = gbs * t.seq_length
+        tokens_per_step = batch.tokens_per_step
         fpt = plan["flops_per_token"]
         records: list[metrics.StepRecord] = []
         samples = []
@@ -326,8 +325,8 @@ class Job:
                 data_iterator=iterators if len(model) > 1 else iterators[0],
                 model=model if len(model) > 1 else model[0],
                 num_microbatches=data.microbatches,
-                seq_length=t.seq_length,
-                micro_batch_size=t.micro_batch_size,
+                seq_length=batch.seq_length,
+                micro_batch_size=batch.micro_batch_size,
                 forward_only=False,
             )
             ok, grad_norm, _ = optimizer.step()
@@ -444,7 +443,7 @@ class Job:
             "optimizer_class": " / ".join(type(o).__name__ for o in inner),
             "distributed_optimizer": any(type(o).__name__ == "DistributedOptimizer" for o in inner),
             "ddp_class": type(model[0]).__name__,
-            "layer_spec": "transformer_engine" if (self.on_gpu and self.with_te) else "local",
+            "layer_spec": "transformer_engine" if self.r.impl.te else "local",
             "backend": "nccl" if self.on_gpu else "gloo",
             "device": torch.cuda.get_device_name() if self.on_gpu else "cpu",
             "torch_threads": torch.get_num_threads(),

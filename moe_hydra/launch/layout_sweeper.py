@@ -7,14 +7,14 @@
    communication settings to try with every layout (:meth:`LayoutSweeperImpl.communication`): on GPUs
    the configured dispatcher and the hardware's flex dispatcher, EP overlap off and on — unless the
    command sets them.
-2. :class:`moe_hydra.search.Search`: enumerate -> legality -> fit -> rank; print the top of the
+2. :class:`moe_hydra.planning.search.Search`: enumerate -> legality -> fit -> rank; print the top of the
    ranking with every step-time term; write ``layouts.json`` and a ready-to-run sweep of the top
    layouts (``search/experiment/layout_NN.yaml`` + ``run_top.sh``) into the sweep directory.
 3. Unless ``stage=plan`` (or ``fit``), screen the top ``top_k`` with short real runs through the
    configured launcher (local processes or Slurm): a short contract (``screen_window``, after
    ``screen_warmup`` steps), every arm with the same global batch and contract hash. Rank them by
    measured steady step time with a 95 % interval of the mean; a layout whose Welch comparison with
-   the fastest (moe_hydra.stats, the hardware's run-to-run noise as the floor) finds no significant
+   the fastest (moe_hydra.core.stats, the hardware's run-to-run noise as the floor) finds no significant
    difference is a tie. Name the layout to validate with a >= 50-step run, and print its command.
 
 The screening's results land in ``layouts.json`` (``screening``) and ``screening.md``.
@@ -30,14 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Optional
 
-import yaml
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from moe_hydra.analysis.compare import Run
-from moe_hydra.core import io, stats
+from moe_hydra.core import io, overrides, stats
 from moe_hydra.core.schema import Config, Stage, typed
 from moe_hydra.launch import state as sweep
 from moe_hydra.planning import search
@@ -45,7 +44,7 @@ from moe_hydra.planning.step_model import TERMS
 
 log = logging.getLogger(__name__)
 
-# What screening arms differ in, left out of their contract hash (moe_hydra.contract).
+# What screening arms differ in, left out of their contract hash (moe_hydra.core.contract).
 SEARCHED = ["mesh", "recompute", "train.micro_batch_size"]
 EP_OVERLAP = "overlap.overlap_moe_expert_parallel_comm"
 LAYOUT_GROUPS = ("attention_mesh", "expert_mesh", "mesh")
@@ -104,15 +103,11 @@ class LayoutSweeperImpl(Sweeper):
     # ------------------------------------------------------------------ the search
 
     def sweep(self, arguments: list[str]) -> Any:
-        from moe_hydra.app import record_outcome
-
         parsed = OverridesParser.create().parse_overrides(arguments)
         sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
         if sweeps:
-            record_outcome("layout search", "INVALID")
-            print(f"moe_hydra: hydra/sweeper=layout searches the layout; it does not also sweep {', '.join(sweeps)} "
-                  "(run one search per value)", file=sys.stderr, flush=True)
-            return []
+            return self._outcome("INVALID", f"hydra/sweeper=layout searches the layout; it does not also sweep "
+                                             f"{', '.join(sweeps)} (run one search per value)")
         replaced = [o.input_line for o in parsed
                     if o.key_or_group in LAYOUT_GROUPS or o.key_or_group.startswith("parallel.")]
         if replaced:
@@ -142,17 +137,23 @@ class LayoutSweeperImpl(Sweeper):
         log.info("layouts written to %s (%d candidates, %d ranked, search %.2f s)", sweep_dir / "layouts.json",
                  report["counts"]["candidates"], len(ranked), seconds)
         if not ranked:
-            record_outcome("layout search", "INVALID")
-            print("moe_hydra: no legal layout fits; see layouts.json for why (first_violation, memory_gib)",
-                  file=sys.stderr, flush=True)
-            return []
+            return self._outcome("INVALID", "no legal layout fits; see layouts.json for why (first_violation, "
+                                             "memory_gib)")
         if cfg.stage is not Stage.run or self.top_k <= 0:
-            record_outcome("layout search", "PLANNED")
-            return []
-        screening = self._screen(cfg, s, ranked[: self.top_k], base, sweep_dir)
+            return self._outcome("PLANNED")
+        screening, returns = self._screen(cfg, s, ranked[: self.top_k], base, sweep_dir)
         report["screening"] = screening
         io.write_json(report, sweep_dir / "layouts.json", indent=None)
-        return []
+        return returns
+
+    def _outcome(self, state: str, message: str | None = None) -> list:
+        """The search's own outcome (refused, or planned without screening), handed to Hydra's callbacks as the
+        JobReturn of a point named "layout search"."""
+        if message:
+            print(f"moe_hydra: {message}", file=sys.stderr, flush=True)
+        ret = sweep.job_return(["layout search"], state, message)
+        self.hydra_context.callbacks.on_job_end(config=self.config, job_return=ret)
+        return [ret]
 
     def communication(self, cfg: Config, set_by_command: set[str]) -> tuple[list[str], list[bool]]:
         """The dispatchers and EP overlap settings to try with every layout: the sweeper's options, else the
@@ -171,16 +172,17 @@ class LayoutSweeperImpl(Sweeper):
 
     # ------------------------------------------------------------------ screening
 
-    def _screen(self, cfg: Config, s: search.Search, top: list[dict], base: list[str], sweep_dir: Path) -> dict:
+    def _screen(self, cfg: Config, s: search.Search, top: list[dict], base: list[str],
+                sweep_dir: Path) -> tuple[dict, list]:
         first, last = self.screen_window
         contract = [f"contract.warmup_steps={self.screen_warmup}", f"contract.window=[{first},{last}]"]
         jobs = [[*base, *c["overrides"], *contract] for c in top]
         log.info("screening the top %d layouts through %s", len(jobs), type(self.launcher).__name__)
-        self.launcher.launch(jobs, initial_job_idx=0)
+        returns = self.launcher.launch(jobs, initial_job_idx=0)
         arms = []
-        for i, c in enumerate(top):  # conf/config.yaml: hydra.sweep.subdir = the job number
-            job_dir = sweep_dir / str(i)
-            arms.append(_arm(c, sweep.complete_results(job_dir), job_dir))
+        for c, ret in zip(top, returns):
+            job_dir = sweep.output_dir(ret)
+            arms.append(_arm(c, sweep.complete_results(job_dir) if job_dir else None, job_dir))
         table = rank_measured(arms, cfg.hardware.run_to_run_noise)
         console = io.console()
         console.print(render_screening(table))
@@ -195,10 +197,10 @@ class LayoutSweeperImpl(Sweeper):
                              "ranking puts first)" if tie else "")
                           + f":\n  {table['validate']['command']}", markup=False)
         (sweep_dir / "screening.md").write_text(screening_markdown(table))
-        return table
+        return table, returns
 
 
-def _arm(candidate: dict, res: dict | None, job_dir: Path) -> dict:
+def _arm(candidate: dict, res: dict | None, job_dir: Path | None) -> dict:
     arm = {"layout": candidate["layout"], "predicted_rank": candidate["rank"], "overrides": candidate["overrides"],
            "predicted_step_s": candidate["step_time_s"], "dir": str(job_dir), "status": "ok" if res else "failed"}
     if res:
@@ -247,21 +249,11 @@ def write_sweep(sweep_dir: Path, ranked: list[dict], base: list[str]) -> dict:
         name = f"layout_{c['rank']:02d}"
         lines = ["# @package _global_", f"# rank {c['rank']} of the layout search: {c['layout']}, "
                  f"{c['recompute']} recompute, {c['memory_gib']} GiB, predicted step {c['step_time_s']:.3f} s"]
-        tree: dict = {}
-        groups = [o.split("=", 1) for o in c["overrides"] if "." not in o.split("=", 1)[0]]
+        groups = [(o.key_or_group, o.value()) for o in overrides.parse(c["overrides"]) if "." not in o.key_or_group]
         if groups:
             lines.append("defaults:\n" + "\n".join(f"  - override /{g}: {v}" for g, v in groups))
-        for o in c["overrides"]:
-            key, value = o.split("=", 1)
-            if "." not in key:
-                continue
-            node = tree
-            *parents, leaf = key.split(".")
-            for part in parents:
-                node = node.setdefault(part, {})
-            quoted = value[:1] in ("'", '"')
-            node[leaf] = value[1:-1] if quoted else yaml.safe_load(value)
-        (mesh_dir / f"{name}.yaml").write_text("\n".join(lines) + "\n" + OmegaConf.to_yaml(OmegaConf.create(tree)))
+        tree = overrides.tree(c["overrides"])
+        (mesh_dir / f"{name}.yaml").write_text("\n".join(lines) + "\n" + OmegaConf.to_yaml(tree))
         names.append(name)
     command = _command(["-m", *base, f"hydra.searchpath=[file://{(sweep_dir / 'search').resolve()}]",
                         f"experiment={','.join(names)}"])

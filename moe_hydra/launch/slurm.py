@@ -33,7 +33,9 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLaunche
 from omegaconf import OmegaConf, open_dict
 
 from moe_hydra.core import io
+from moe_hydra.core.resolved import resolve
 from moe_hydra.core.schema import Stage, typed
+from moe_hydra.core.violations import LayoutError
 from moe_hydra.launch import state as sweep
 
 log = logging.getLogger("moe_hydra")
@@ -115,7 +117,7 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
 
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        points, submit = [], []
+        points, configs, submit = [], [], []
         earlier = {e["num"]: e for e in (io.read_json(sweep_dir / "sweep.json") or {"points": []})["points"]}
         for i, overrides in enumerate(job_overrides):
             num = initial_job_idx + i
@@ -123,6 +125,7 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
             point_dir = sweep_dir / str(cfg.hydra.sweep.subdir)
             p = sweep.Point(num=num, overrides=list(filter_overrides(overrides)), dir=str(point_dir))
             points.append(p)
+            configs.append(cfg)
             kept = sweep.complete_results(point_dir)
             if kept:
                 p.state = "KEPT"
@@ -132,9 +135,13 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
                 log.info("\t#%d : %s -> kept (complete results.json)", num, " ".join(p.overrides))
                 continue
             job_cfg = typed(cfg)
-            violations = plan.run_violations(job_cfg) if job_cfg.stage is Stage.run else rules.check(job_cfg)
+            try:  # the node is not this machine: its own check runs in the job (moe_hydra.app)
+                r = resolve(job_cfg)
+                violations = plan.run_violations(r) if job_cfg.stage is Stage.run else rules.check(r)
+            except LayoutError as e:
+                violations = e.violations
             if violations:
-                refusal = rules.LayoutError(violations, " ".join(p.overrides))
+                refusal = LayoutError(violations, " ".join(p.overrides))
                 p.state, p.error = "INVALID", refusal.report()
                 write_json(refusal.record(), point_dir / "violations.json")
                 log.info("\t#%d : %s -> refused:\n%s", num, " ".join(p.overrides), p.error)
@@ -161,7 +168,10 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
             self._settle(p, job)
         sweep.write_sweep(sweep_dir, self._merge_earlier(sweep_dir, points))
         self._report(points, sweep_dir)
-        return [JobReturn(overrides=p.overrides, status=JobStatus.COMPLETED, _return_value=p.state) for p in points]
+        returns = [sweep.job_return(p.overrides, p.state, p.error, p.dir) for p in points]
+        for cfg, ret in zip(configs, returns):  # the app reads the outcomes as Hydra callbacks get them
+            self.hydra_context.callbacks.on_job_end(config=cfg, job_return=ret)
+        return returns
 
     @staticmethod
     def _wait(jobs) -> None:
@@ -210,10 +220,7 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
 
     @staticmethod
     def _report(points: list[sweep.Point], sweep_dir: Path) -> None:
-        from moe_hydra.app import record_outcome
-
         io.console().print(sweep.render(points, f"sweep {sweep_dir}"))
         for p in points:
-            record_outcome(f"#{p.num} {' '.join(p.overrides)}", p.state)
             if not p.ok and p.state != "INVALID":
                 log.error("#%d %s: %s\n%s", p.num, " ".join(p.overrides), p.state, p.error or "")

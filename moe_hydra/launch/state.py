@@ -27,6 +27,54 @@ OK_STATES = ("COMPLETED", "KEPT")
 ACTIVE_STATES = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING")
 
 
+# ----------------------------------------------------------------------------- outcomes as Hydra JobReturns
+# A point's outcome travels to the app the way Hydra carries any job's: a JobReturn, its status COMPLETED with
+# the state as the value (COMPLETED, KEPT, PLANNED), or FAILED with one of these exceptions as the value.
+
+
+class Refused(Exception):
+    """The point was refused before anything started (the rules, the memory estimate, this machine)."""
+
+    state = "INVALID"
+
+
+class Failed(Exception):
+    """The point started and did not complete; ``state`` is Slurm's word for it where Slurm decided."""
+
+    def __init__(self, message: str, state: str = "FAILED"):
+        super().__init__(message)
+        self.state = state
+
+
+def job_return(overrides: list[str], state: str, error: str | None = None, point_dir: str | None = None):
+    """The JobReturn a launcher hands Hydra for a point it settled itself (Slurm, the layout search);
+    ``point_dir``: the point's output directory."""
+    from hydra.core.utils import JobReturn, JobStatus
+
+    if state in (*OK_STATES, "PLANNED"):
+        return JobReturn(overrides=overrides, status=JobStatus.COMPLETED, _return_value=state, working_dir=point_dir)
+    value = Refused(error or "refused") if state == "INVALID" else Failed(error or state, state)
+    return JobReturn(overrides=overrides, status=JobStatus.FAILED, _return_value=value, working_dir=point_dir)
+
+
+def output_dir(ret) -> Path | None:
+    """Where a point's files are: Hydra's runtime output directory of a job it ran, else the directory a
+    launcher recorded for a point it settled."""
+    if ret.hydra_cfg is not None:
+        return Path(ret.hydra_cfg.hydra.runtime.output_dir)
+    return Path(ret.working_dir) if ret.working_dir else None
+
+
+def state_of(ret) -> str:
+    """A JobReturn's state in sweep.json's vocabulary."""
+    from hydra.core.utils import JobStatus
+
+    if ret.status is JobStatus.COMPLETED:
+        value = ret._return_value
+        return value if isinstance(value, str) else "COMPLETED"
+    return getattr(ret._return_value, "state", "FAILED")
+
+
 @dataclass
 class Point:
     num: int
@@ -64,7 +112,6 @@ def tail(path: Path, lines: int = 12) -> str:
 
 
 def write_sweep(sweep_dir: Path, points: list[Point]) -> Path:
-
     path = sweep_dir / "sweep.json"
     write_json({"points": [asdict(p) for p in sorted(points, key=lambda p: p.num)]}, path)
     return path

@@ -2,7 +2,7 @@
 
 Follows Megatron-Bridge's accounting (flops-memory.md §4), made right for MoE:
 
-**Static** (per rank of each pipeline stage, from :mod:`moe_hydra.params`)::
+**Static** (per rank of each pipeline stage, from :mod:`moe_hydra.core.params`)::
 
     weights     params x bytes(params_dtype)                      (fp8 recipes keep bf16 weights)
     gradients   params x 4 with grad_reduce_in_fp32, else x bytes(params_dtype) (the DDP buffer, never sharded)
@@ -63,9 +63,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from moe_hydra.core.arch import Arch
-from moe_hydra.core.layout import Layout
 from moe_hydra.core.params import RankParams
 from moe_hydra.core.pipeline import RankLayers
+from moe_hydra.core.resolved import Resolved
 
 GIB = 2**30
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
@@ -128,9 +128,11 @@ def grad_bytes(cfg: Any) -> int:
     return DTYPE_BYTES["fp32" if dtype == "fp32" or cfg.optimizer.grad_reduce_in_fp32 else dtype]
 
 
-def layer_terms(cfg: Any, lo: Layout, a: Arch, moe: bool, *, flash: bool) -> dict[str, float]:
+def layer_terms(r: Resolved, moe: bool) -> dict[str, float]:
     """Activation bytes of one decoder layer for one micro-batch on one rank, by term."""
-    s, b, tp = cfg.train.seq_length, cfg.train.micro_batch_size, lo.tp
+    cfg, lo, a = r.cfg, r.layout, r.arch
+    s, b, tp = r.batch.seq_length, r.batch.micro_batch_size, lo.tp
+    flash = r.impl.attention == "flash"  # fused attention keeps no score matrix; unfused keeps the probabilities
     tokens = s * b / lo.cp
     rows = tokens / tp if lo.sp else tokens
     e = 4 if cfg.precision.params_dtype == "fp32" else 2
@@ -154,8 +156,8 @@ def layer_terms(cfg: Any, lo: Layout, a: Arch, moe: bool, *, flash: bool) -> dic
     if not moe:
         t["mlp"] = tokens * (glu + 1) * a.ffn / tp * e
         return t
-    r = cfg.routing
-    capacity = r.moe_expert_capacity_factor if r.moe_pad_expert_input_to_capacity and r.moe_expert_capacity_factor else 1.0
+    ro = cfg.routing
+    capacity = ro.moe_expert_capacity_factor if ro.moe_pad_expert_input_to_capacity and ro.moe_expert_capacity_factor else 1.0
     routed = rows * a.topk * capacity  # token copies this rank sends to experts
     t["router"] = rows * a.experts * 2 * 4
     t["expert_fc1"] = routed * lo.etp * h * e
@@ -200,19 +202,18 @@ def in_flight_chunks(pp: int, vpp: int | None, pp_rank: int, microbatches: int,
 class Estimator:
     """The estimate for one config; :meth:`stages` evaluates it per pipeline stage."""
 
-    def __init__(self, cfg: Any, lo: Layout, a: Arch, microbatches: int, *, flash: bool,
-                 terms: tuple[dict[str, float], dict[str, float]] | None = None):
-        """``terms``: (dense, MoE) :func:`layer_terms` already computed for this layout (they do not depend
-        on recompute or offload, so the layout search computes them once per layout)."""
-        self.cfg, self.lo, self.a, self.microbatches = cfg, lo, a, microbatches
+    def __init__(self, r: Resolved, terms: tuple[dict[str, float], dict[str, float]] | None = None):
+        """``terms``: (dense, MoE) :func:`layer_terms` already computed for this mesh (they do not depend on
+        recompute, offload, VPP or the split, so the layout search computes them once per mesh)."""
+        cfg, lo, a = r.cfg, r.layout, r.arch
+        self.cfg, self.lo, self.a, self.microbatches = cfg, lo, a, r.batch.micro_batches_per_step
         drop = _dropped(cfg)
-        dense, moe = terms or (layer_terms(cfg, lo, a, False, flash=flash),
-                               layer_terms(cfg, lo, a, True, flash=flash) if a.experts else {})
+        dense, moe = terms or (layer_terms(r, False), layer_terms(r, True) if a.experts else {})
         self.full_dense, self.full_moe = sum(dense.values()), sum(moe.values())
         self.dense_layer = self.full_dense - sum(v for k, v in dense.items() if k in drop)
         self.moe_layer = self.full_moe - sum(v for k, v in moe.items() if k in drop)
         e = 4 if cfg.precision.params_dtype == "fp32" else 2
-        tokens = cfg.train.seq_length * cfg.train.micro_batch_size / lo.cp
+        tokens = r.batch.seq_length * r.batch.micro_batch_size / lo.cp
         rows = tokens / lo.tp if lo.sp else tokens
         self.hidden = rows * a.h * e  # one stored hidden state (full-recompute checkpoint)
         # final norm input + output-layer input + fp32 logits of the vocab-parallel cross-entropy
@@ -315,19 +316,18 @@ def allowance(cfg: Any) -> dict[str, float]:
     }
 
 
-def estimate(cfg: Any, lo: Layout, a: Arch, split: tuple[RankLayers, ...], ranks: list[RankParams],
-             microbatches: int) -> list[StageMemory]:
+def estimate(r: Resolved, ranks: list[RankParams]) -> list[StageMemory]:
     """Per pipeline stage, the memory of one of its ranks."""
-    flash = cfg.hardware.arch != "cpu"  # GPUs run fused/flash attention; the CPU path stores the probabilities
-    return Estimator(cfg, lo, a, microbatches, flash=flash).stages(split, ranks)
+    return Estimator(r).stages(r.split, ranks)
 
 
 def _gib(x: float) -> float:
     return round(x / GIB, 6)
 
 
-def summary(cfg: Any, stages: list[StageMemory], ranks: list[RankParams]) -> dict[str, Any]:
+def summary(r: Resolved, stages: list[StageMemory], ranks: list[RankParams]) -> dict[str, Any]:
     """``plan.json``'s ``memory``: the most-loaded rank's breakdown (GiB), every stage, the verdict."""
+    cfg = r.cfg
     worst = max(stages, key=lambda s: s.total)
     p = ranks[worst.pp_rank]
     capacity = cfg.hardware.memory_gib
@@ -356,7 +356,8 @@ def summary(cfg: Any, stages: list[StageMemory], ranks: list[RankParams]) -> dic
         "capacity": capacity,
         "margin": None if capacity is None else round(capacity - worst.total / GIB, 3),
         "excluded": list(EXCLUDED),
-        "counter": "moe_hydra.memory (Bridge accounting + MoE activation terms), most-loaded pipeline stage",
+        "counter": "moe_hydra.planning.memory (Bridge accounting + MoE activation terms), most-loaded pipeline stage",
+        "attention": r.impl.attention,
     }
 
 

@@ -13,7 +13,7 @@ it without this module. Planning never imports torch or megatron.
     params_per_stage             one rank of each pipeline stage: dense / expert / total
     flops_per_token, flops_counter, flops_breakdown   model FLOPs at train.seq_length
     layer_spec                   transformer_engine (GPU) or local (CPU): the spec the counts assume
-    memory                       per-rank estimate in GiB (moe_hydra.memory): the most-loaded rank's
+    memory                       per-rank estimate in GiB (moe_hydra.planning.memory): the most-loaded rank's
                                  weights / gradients / optimizer / activations / allowance / total,
                                  breakdown, per_stage, capacity, margin, excluded
     fits                         total <= hardware.memory_gib (null when the hardware declares none)
@@ -29,21 +29,20 @@ it without this module. Planning never imports torch or megatron.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from moe_hydra.core import contract, flops, params
+from moe_hydra.core import contract, flops, overrides, params
 from moe_hydra.core.arch import Arch
 from moe_hydra.core.env import snapshot as env_snapshot
-from moe_hydra.core.layout import Layout
-from moe_hydra.core.pipeline import RankLayers
+from moe_hydra.core.resolved import Resolved, resolve
 from moe_hydra.core.versions import McoreFacts, mcore_facts
+from moe_hydra.core.violations import V, Violation
 from moe_hydra.planning import memory, rules
-from moe_hydra.planning.rules.base import V, Violation
 
 
-def _notes(cfg: Any, lo: Layout) -> list[str]:
-    hw, notes = cfg.hardware, []
+def _notes(r: Resolved) -> list[str]:
+    hw, lo, notes = r.cfg.hardware, r.layout, []
     if hw.arch == "cpu":
         return notes
     domain = hw.nvlink_domain_size
@@ -59,47 +58,26 @@ def _notes(cfg: Any, lo: Layout) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class Assessment:
-    """A legal layout, counted and estimated: what the plan and the layout search share."""
+    """A legal resolved plan, counted and estimated: what the plan and the layout search share."""
 
-    layout: Layout
-    arch: Arch
-    split: tuple[RankLayers, ...]
+    r: Resolved
     ranks: list[params.RankParams]
     stages: list[memory.StageMemory]
-    batch: dict[str, int]
 
     @property
     def peak(self) -> memory.StageMemory:
         return max(self.stages, key=lambda s: s.total)
 
 
-def batch_of(cfg: Any, lo: Layout) -> dict[str, int]:
-    """The batch a config trains: ``global_batch_size`` null means micro batch x world size."""
-    mbs, seq = cfg.train.micro_batch_size, cfg.train.seq_length
-    gbs = cfg.train.global_batch_size or mbs * lo.world_size
-    return {"micro_batch_size": mbs, "global_batch_size": gbs,
-            "micro_batches_per_step": gbs // (mbs * lo.dp) if lo.dp else 0, "tokens_per_step": gbs * seq}
-
-
-def assess(cfg: Any, mcore: McoreFacts | None = None, arch: Arch | None = None) -> Assessment:
-    """Rules, per-rank parameters and the memory estimate of a composed config.
+def assess(r: Resolved, mcore: McoreFacts | None = None) -> Assessment:
+    """Rules, per-rank parameters and the memory estimate of a resolved plan.
 
     Raises:
-        rules.LayoutError: listing every rule the config breaks.
+        rules.LayoutError: listing every rule it breaks.
     """
-    rules.validate(cfg, mcore=mcore or mcore_facts(), arch=arch)  # reports a malformed model first
-    a = arch or Arch.from_model(cfg.model)
-    lo = Layout.from_config(cfg)
-    split = params.stages(a, lo, cfg.parallel)
-    ranks = params.params_per_rank(a, lo, cfg.parallel, te_spec=te_spec(cfg), split=split)
-    batch = batch_of(cfg, lo)
-    return Assessment(lo, a, split, ranks, memory.estimate(cfg, lo, a, split, ranks, batch["micro_batches_per_step"]),
-                      batch)
-
-
-def te_spec(cfg: Any) -> bool:
-    """Whether the job builds Transformer Engine layers: on GPUs (with TE installed there), not on the CPU."""
-    return cfg.hardware.arch != "cpu"
+    rules.validate(r, mcore=mcore or mcore_facts())
+    ranks = params.params_per_rank(r.arch, r.layout, r.split, te_spec=r.impl.te)
+    return Assessment(r, ranks, memory.estimate(r, ranks))
 
 
 def selective_recompute(a: Arch) -> list[str]:
@@ -115,62 +93,32 @@ def _memory_steps(a: Arch) -> list[list[str]]:
     return [selective_recompute(a), ["recompute=full"], ["recompute=full", "offload=fine_grained"]]
 
 
-def preset(group: str, name: str, node: Any) -> Any:
-    """``conf/<group>/<name>.yaml`` applied over ``node`` (the suggestions use the presets users type)."""
-    from omegaconf import OmegaConf
-
-    from moe_hydra.cli import CONF_DIR
-
-    merged = OmegaConf.merge(OmegaConf.structured(node), OmegaConf.load(CONF_DIR / group / f"{name}.yaml"))
-    return OmegaConf.to_object(merged)
-
-
-def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
-    """``cfg`` with overrides of the forms the suggestions and the search write: ``group=option``,
-    ``section.field=<int | true | false | [a,b]>``."""
-    for o in overrides:
-        key, value = o.split("=", 1)
-        if "." in key:
-            section, field = key.split(".")
-            if value.startswith("["):
-                typed: Any = [v.strip() for v in value.strip("[]").split(",") if v.strip()]
-            else:
-                typed = value == "true" if value in ("true", "false") else int(value)
-            cfg = replace(cfg, **{section: replace(getattr(cfg, section), **{field: typed})})
-        else:
-            cfg = replace(cfg, **{key: preset(key, value, getattr(cfg, key))})
-    return cfg
-
-
-def _more_parallelism(cfg: Any, lo: Layout, a: Arch) -> list[list[str]]:
+def _more_parallelism(r: Resolved) -> list[list[str]]:
     """One step more of EP, PP or TP (the workflow's order), each only where the sizes allow it."""
-    p, out = cfg.parallel, []
+    lo, a, out = r.layout, r.arch, []
     if a.experts and a.experts % (2 * lo.ep) == 0:
         out.append([f"parallel.expert_model_parallel_size={2 * lo.ep}"])
-    if p.pipeline_model_parallel_layout is None:
+    if r.cfg.parallel.pipeline_model_parallel_layout is None:
         out.append([f"parallel.pipeline_model_parallel_size={2 * lo.pp}"])
     out.append([f"parallel.tensor_model_parallel_size={2 * lo.tp}"]
                + ([] if lo.sp or not a.experts else ["parallel.sequence_parallel=true"]))
     return [[*selective_recompute(a), *o] for o in out]
 
 
-def suggestions(cfg: Any, assessed: Assessment, mcore: McoreFacts) -> list[dict[str, Any]]:
+def suggestions(assessed: Assessment, mcore: McoreFacts) -> list[dict[str, Any]]:
     """The workflow's next steps for a layout that does not fit, each estimated; illegal ones left out."""
-    out = []
-    a = assessed.arch
-    steps = [*_memory_steps(a), *_more_parallelism(cfg, assessed.layout, a)]
-    for overrides in steps:
-        if cfg.recompute.name == "selective" and overrides == selective_recompute(a):
+    r = assessed.r
+    cfg, a, out = r.cfg, r.arch, []
+    for steps in (*_memory_steps(a), *_more_parallelism(r)):
+        if cfg.recompute.name == "selective" and steps == selective_recompute(a):
             continue
         try:
-            alt = apply_overrides(cfg, overrides)
-            est = assess(alt, mcore, assessed.arch)
+            est = assess(resolve(overrides.apply(cfg, steps), r.impl, a), mcore)
         except (rules.LayoutError, ValueError):
             continue
         total = est.peak.total / memory.GIB
         cap = cfg.hardware.memory_gib
-        out.append({"overrides": overrides, "total_gib": round(total, 3),
-                    "fits": None if cap is None else total <= cap})
+        out.append({"overrides": steps, "total_gib": round(total, 3), "fits": None if cap is None else total <= cap})
     return out
 
 
@@ -188,52 +136,47 @@ def unfit(cfg: Any, p: dict[str, Any]) -> Violation | None:
              hardware__memory_gib=m["capacity"])
 
 
-def run_violations(cfg: Any) -> list[Violation]:
-    """Everything that stops a config from running, found before anything is queued: the rules,
-    then the memory estimate."""
+def run_violations(r: Resolved) -> list[Violation]:
+    """Everything in the plan that stops it from running, found before anything is queued: the rules, then
+    the memory estimate."""
     mcore = mcore_facts()
     try:
-        assessed = assess(cfg, mcore)
+        assessed = assess(r, mcore)
     except rules.LayoutError as e:
         return e.violations
-    v = unfit(cfg, memory_verdict(cfg, assessed, mcore))
+    v = unfit(r.cfg, memory_verdict(assessed, mcore))
     return [v] if v else []
 
 
-def memory_verdict(cfg: Any, assessed: Assessment, mcore: McoreFacts) -> dict[str, Any]:
+def memory_verdict(assessed: Assessment, mcore: McoreFacts) -> dict[str, Any]:
     """The plan's ``memory``, ``fits`` and ``memory_suggestions``."""
-    mem = memory.summary(cfg, assessed.stages, assessed.ranks)
+    mem = memory.summary(assessed.r, assessed.stages, assessed.ranks)
     fits = memory.fits(mem)
     return {"memory": mem, "fits": fits,
-            "memory_suggestions": suggestions(cfg, assessed, mcore) if fits is False else []}
+            "memory_suggestions": suggestions(assessed, mcore) if fits is False else []}
 
 
-def make_plan(cfg: Any, swept: list[str] | None = None, env: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The plan of a composed config (objects, e.g. ``OmegaConf.to_object(cfg)``).
+def make_plan(r: Resolved, swept: list[str] | None = None, env: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``plan.json``: the resolved plan, counted, estimated and labelled.
 
     ``swept``: the override keys the current multirun sweeps (left out of ``contract_hash``);
-    ``env``: the environment snapshot (:func:`moe_hydra.env.snapshot`, taken when not given).
+    ``env``: the environment snapshot (:func:`moe_hydra.core.env.snapshot`, taken when not given).
 
     Raises:
-        rules.LayoutError: listing every rule the config breaks.
+        rules.LayoutError: listing every rule the plan breaks.
     """
     mcore = mcore_facts()
-    assessed = assess(cfg, mcore)
-    lo, arch, per_stage, batch = assessed.layout, assessed.arch, assessed.ranks, assessed.batch
-    seq = cfg.train.seq_length
-    fl = flops.flops_per_token(arch, seq, lo.tp)
+    assessed = assess(r, mcore)
+    cfg, lo, arch, per_stage = r.cfg, r.layout, r.arch, assessed.ranks
+    fl = flops.flops_per_token(arch, r.batch.seq_length, lo.tp)
     label, reasons = contract.label(cfg)
-    env = env or env_snapshot()
-    the_contract = contract.build(cfg, lo.to_megatron(), batch, env)
+    the_contract = contract.build(cfg, r, env or env_snapshot())
+    resolved = r.as_dict()
     return {
         "stage": "plan",
         "model": cfg.model.name,
         "hardware": cfg.hardware.name,
-        "world_size": lo.world_size,
-        "min_gpus": lo.min_gpus,
-        "layout": lo.describe(),
-        "parallel": lo.to_megatron(),
-        "experts_per_rank": arch.experts // lo.ep if arch.experts else 0,
+        **resolved,
         "params_total": params.total_params(arch),
         "params_active": params.active_params(arch),
         "params_per_rank": max(s.total for s in per_stage),
@@ -241,20 +184,18 @@ def make_plan(cfg: Any, swept: list[str] | None = None, env: dict[str, Any] | No
             {"pp_rank": s.pp_rank, "layers": s.layers, "dense": s.dense, "expert": s.expert, "total": s.total}
             for s in per_stage
         ],
-        "seq_length": seq,
         "flops_per_token": fl.total,
         "flops_counter": flops.COUNTER,
         "flops_breakdown": asdict(fl),
-        "batch": batch,
-        "layer_spec": "transformer_engine" if te_spec(cfg) else "local",
-        **memory_verdict(cfg, assessed, mcore),
+        "layer_spec": r.impl.layer_spec,
+        **memory_verdict(assessed, mcore),
         "label": label,
         "label_reasons": reasons,
         **contract.hashes(the_contract, list(swept or [])),
         "swept": list(swept or []),
         "contract": the_contract,
         "megatron_core": {"version": mcore.version, "installed": mcore.installed},
-        "notes": _notes(cfg, lo),
+        "notes": _notes(r),
     }
 
 

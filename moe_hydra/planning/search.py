@@ -7,8 +7,11 @@ MoE with TP), and micro-batch sizes when asked. Each (PP, VPP) gets the pipeline
 recipes use: an even split; else the embedding and loss counted as one layer each
 (``account_for_*_in_pipeline_split``); else, with MTP, a ``pipeline_model_parallel_layout`` in which
 E, m and L each take a layer's slot (``Et|(tt|)*30mL`` for DeepSeek-V3 on PP8 x VPP4). Every
-candidate then passes through the same rules and estimates as ``stage=plan``
-(:func:`moe_hydra.plan.assess`). The global batch stays fixed across candidates (the contract).
+candidate is a config (the base config with the candidate's fields), resolved by the same constructor as
+``stage=plan`` (:func:`moe_hydra.core.resolved.resolve`), then checked by the same rules and estimates as
+:func:`moe_hydra.planning.plan.assess`, each cached by exactly the resolved fields it reads
+(:func:`moe_hydra.planning.rules.base.cache_key`). The global batch stays fixed across candidates (the
+contract).
 
 **Fit.** The least recompute that fits (none -> selective -> full, the workflow's order) is kept
 with the candidate; a candidate that fits with none of them is kept as ``fits: false``.
@@ -21,7 +24,7 @@ recompute or above (a flex dispatcher's buffers and EP overlap's extra micro-bat
 memory). A flex dispatcher is tried only where the EP group leaves the NVLink domain: inside it, the
 step-time model gives it the time of the all-to-all.
 
-**Rank** by the analytic step time of :mod:`moe_hydra.step_model` (a ranking aid, every term printed per
+**Rank** by the analytic step time of :mod:`moe_hydra.planning.step_model` (a ranking aid, every term printed per
 layout), after the workflow's priorities (workflow.md §5.1) that apply to every layout — CP only once
 the sequence reaches 8K, ETP 1 before expert-tensor parallelism; ties break on less model
 parallelism, EP x ETP inside the NVLink domain, fewer chunks, the larger micro batch. Use it to choose
@@ -32,21 +35,22 @@ Pure: standard library only.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 import multiprocessing
 import os
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Iterator
 
-from moe_hydra.core import params
+from moe_hydra.core import overrides, params
 from moe_hydra.core.arch import Arch
 from moe_hydra.core.layout import Layout
+from moe_hydra.core.resolved import Resolved, resolve
 from moe_hydra.core.versions import McoreFacts, mcore_facts
 from moe_hydra.planning import memory, plan, rules
-from moe_hydra.planning.rules.base import _divisors
+from moe_hydra.planning.rules.base import READS, _divisors, cache_key
 from moe_hydra.planning.step_model import TERMS, StepModel
 
 RECOMPUTE_LEVELS = ("none", "selective", "full")
@@ -66,8 +70,8 @@ class Candidate:
     split: str  # "even" | "account" | a pipeline_model_parallel_layout string
 
     def fields(self) -> dict[str, Any]:
-        """This layout as ``parallel`` fields (the one mapping the config copy, the overrides and the search's
-        in-place evaluation share)."""
+        """This candidate as ``parallel`` fields: what it sets in the config it is resolved from (uneven
+        first/last stages are replaced by its split)."""
         string = self.split not in ("even", "account")
         return {
             "tensor_model_parallel_size": self.tp, "context_parallel_size": self.cp,
@@ -75,26 +79,15 @@ class Candidate:
             "pipeline_model_parallel_layout": self.split if string else None,
             "account_for_embedding_in_pipeline_split": self.split == "account",
             "account_for_loss_in_pipeline_split": self.split == "account",
+            "num_layers_in_first_pipeline_stage": None, "num_layers_in_last_pipeline_stage": None,
             "sequence_parallel": self.tp > 1,
             "expert_model_parallel_size": self.ep, "expert_tensor_parallel_size": self.etp,
         }
 
-    def parallel(self, base: Any) -> Any:
-        """``base`` (a ParallelConfig) set to this layout."""
-        return replace(base, **self.fields(), num_layers_in_first_pipeline_stage=None,
-                       num_layers_in_last_pipeline_stage=None)
-
     def overrides(self) -> list[str]:
-        """The command-line overrides that select this layout."""
-
-        def value(v: Any) -> str:
-            if v is None:
-                return "null"
-            if isinstance(v, bool):
-                return str(v).lower()
-            return f"'{v}'" if isinstance(v, str) else str(v)
-
-        return [f"parallel.{k}={value(v)}" for k, v in self.fields().items()] + [f"train.micro_batch_size={self.mbs}"]
+        """The command-line overrides that select this candidate (Hydra's grammar)."""
+        return ([overrides.override(f"parallel.{k}", v) for k, v in self.fields().items() if "num_layers_in" not in k]
+                + [f"train.micro_batch_size={self.mbs}"])
 
     def describe(self) -> str:
         vpp = f" VPP{self.vpp}" if self.vpp else ""
@@ -118,13 +111,12 @@ def pipeline_split(a: Arch, pp: int, vpp: int | None) -> str | None:
     return f"{first}|{inner}{last}"
 
 
-def enumerate_layouts(cfg: Any, micro_batch_sizes: list[int] | None = None) -> Iterator[Candidate]:
-    """Every candidate layout of the config's world size (before the rules)."""
-    a = Arch.from_model(cfg.model)
-    world = cfg.hardware.nodes * cfg.hardware.devices_per_node
+def enumerate_layouts(r: Resolved, micro_batch_sizes: list[int] | None = None) -> Iterator[Candidate]:
+    """Every candidate layout of the plan's world size (before the rules)."""
+    a, world = r.arch, r.layout.world_size
     divs = _divisors(world)
-    experts = [d for d in divs if not a.experts or a.experts % d == 0] if a.experts else [1]
-    for mbs in micro_batch_sizes or [cfg.train.micro_batch_size]:
+    experts = [d for d in divs if a.experts % d == 0] if a.experts else [1]
+    for mbs in micro_batch_sizes or [r.batch.micro_batch_size]:
         for pp in divs:
             vpps = [None] + [v for v in range(2, a.num_layers // pp + 2)] if pp > 1 else [None]
             splits = [(v, s) for v in vpps if (s := pipeline_split(a, pp, v)) is not None]
@@ -155,6 +147,7 @@ class Comm:
 @dataclass(slots=True)
 class Result:
     candidate: Candidate
+    layout: Layout  # as the candidate's config resolved
     violations: list[str]
     recompute: str | None = None  # the least recompute that fits
     memory_gib: float | None = None
@@ -168,10 +161,9 @@ class Result:
     def legal(self) -> bool:
         return not self.violations
 
-    def as_dict(self, world: int) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         """A ``layouts.json`` row: every field for a ranked candidate; the verdict and why for the rest."""
-        c = self.candidate
-        lo = Layout(world, c.tp, c.cp, c.pp, c.vpp, c.ep, c.etp, c.tp > 1)
+        c, lo = self.candidate, self.layout
         row = {"rank": self.rank, "layout": lo.describe(), "micro_batch_size": c.mbs,
                "legal": None if self.pruned else self.legal, "fits": self.fits,
                "memory_gib": None if self.memory_gib is None else round(self.memory_gib, 3),
@@ -189,6 +181,18 @@ class Result:
         return row
 
 
+# What the search's own caches read of a resolved candidate (besides what stays fixed in one search): the
+# parameters per rank (the mesh's model-parallel sizes and the split), the activation terms of a layer
+# (memory.layer_terms), the states' sharding (DP x CP, EDP).
+_RANKS = attrgetter("layout.tp", "layout.etp", "layout.ep", "layout.pp", "layout.vpp",
+                    *(f"cfg.parallel.{f}" for f in ("pipeline_model_parallel_layout", "num_layers_in_first_pipeline_stage",
+                                                    "num_layers_in_last_pipeline_stage",
+                                                    "account_for_embedding_in_pipeline_split",
+                                                    "account_for_loss_in_pipeline_split")))
+_TERMS = attrgetter("layout.tp", "layout.cp", "layout.sp", "layout.etp", "layout.ep", "batch.micro_batch_size")
+_SHARDS = attrgetter("layout.dp", "layout.cp", "layout.edp")
+
+
 class Search:
     """One search: the base config, its fixed batch, presets and rates read once.
 
@@ -200,48 +204,54 @@ class Search:
     def __init__(self, cfg: Any, micro_batch_sizes: list[int] | None = None, mcore: McoreFacts | None = None,
                  dispatchers: list[str] | None = None, ep_overlap: list[bool] | None = None):
         self.mcore = mcore or mcore_facts()
-        self.arch = Arch.from_model(cfg.model)
-        self.world = cfg.hardware.nodes * cfg.hardware.devices_per_node
+        world = cfg.hardware.nodes * cfg.hardware.devices_per_node
         self.mbs = micro_batch_sizes or [cfg.train.micro_batch_size]
-        gbs = cfg.train.global_batch_size or math.lcm(*self.mbs) * self.world
-        self.cfg = replace(cfg, train=replace(cfg.train, global_batch_size=gbs))
         # the communication settings: the primary first (legality and fit are decided with it)
         names = list(dict.fromkeys(dispatchers or [cfg.dispatcher.name]))
         overlaps = list(dict.fromkeys(ep_overlap if ep_overlap is not None
                                       else [cfg.overlap.overlap_moe_expert_parallel_comm]))
-        self.dispatcher_nodes = {n: cfg.dispatcher if n == cfg.dispatcher.name else plan.preset("dispatcher", n, cfg.dispatcher)
-                                 for n in names}
+        self.dispatcher_nodes = {n: cfg.dispatcher if n == cfg.dispatcher.name
+                                 else overrides.preset("dispatcher", n, cfg.dispatcher) for n in names}
         self.comms = [Comm(n, o, self.dispatcher_nodes[n].moe_token_dispatcher_type == "flex")
                       for n in names for o in overlaps]
         primary = self.comms[0]
-        self.cfg.dispatcher = self.dispatcher_nodes[primary.dispatcher]
-        self.cfg.overlap = replace(self.cfg.overlap, overlap_moe_expert_parallel_comm=primary.ep_overlap)
+        # the base every candidate's config starts from: the batch fixed (the contract), the primary setting
+        gbs = cfg.train.global_batch_size or math.lcm(*self.mbs) * world
+        self.cfg = dataclasses.replace(
+            cfg, train=dataclasses.replace(cfg.train, global_batch_size=gbs),
+            dispatcher=self.dispatcher_nodes[primary.dispatcher],
+            overlap=dataclasses.replace(cfg.overlap, overlap_moe_expert_parallel_comm=primary.ep_overlap))
+        self.base = resolve(self.cfg)
+        self.arch, self.impl, self.world = self.base.arch, self.base.impl, world
         # The least recompute that fits, from the configured level up the workflow's ladder; a custom
         # recompute setting is kept as it is.
         name = cfg.recompute.name
         levels = RECOMPUTE_LEVELS[RECOMPUTE_LEVELS.index(name):] if name in RECOMPUTE_LEVELS else (name,)
-        self.recompute = {level: cfg.recompute if level == name else self._preset_level(level, cfg.recompute)
-                          for level in levels}
-        self.work = copy.deepcopy(self.cfg)
-        # the candidates' splits replace uneven first/last stages, as Candidate.parallel does
-        self.work.parallel.num_layers_in_first_pipeline_stage = None
-        self.work.parallel.num_layers_in_last_pipeline_stage = None
-        self.base_recompute, self.base_name = self.work.recompute, cfg.recompute.name
+        self.recompute = {level: cfg.recompute if level == name
+                          else overrides.apply(self.cfg, self._level_overrides(level)).recompute for level in levels}
+        self.base_name = name
         # the ladder from each level up: where another communication setting may need more recompute
         self.levels_from = {lvl: list(self.recompute)[i:] for i, lvl in enumerate(self.recompute)}
-        self.fixed_violations = rules.check(self.cfg, self.mcore, self.arch, reads=("fixed",))
-        self.mesh_violations: dict[tuple, list] = {}
-        self.mesh_terms: dict[tuple, tuple] = {}
-        self.rank_params: dict[tuple, list] = {}
-        self.estimators: dict[tuple, memory.Estimator] = {}
-        self.pipeline_violations: dict[tuple, list] = {}
-        self.recompute_rule_cache: dict[tuple, list] = {}
-        self.comm_rule_cache: dict[tuple, bool] = {}
-        self.splits: dict[tuple, tuple] = {}
+        # the nodes a candidate's config is built from (dataclass __init__: a fast replace)
+        self._config_kw = {f.name: getattr(self.cfg, f.name) for f in dataclasses.fields(self.cfg)}
+        self._parallel_kw = {f.name: getattr(self.cfg.parallel, f.name) for f in dataclasses.fields(self.cfg.parallel)}
+        self._train_kw = {f.name: getattr(self.cfg.train, f.name) for f in dataclasses.fields(self.cfg.train)}
+        self.overlap_nodes = {o: dataclasses.replace(self.cfg.overlap, overlap_moe_expert_parallel_comm=o)
+                              for o in (False, True)}
+        # each kind of rule keyed by what it reads, with the communication setting where a rule of it reads that
+        self.comm_kinds = [kind for kind in ("mesh", "pipeline", "recompute") if any(x.comm for x in rules.RULES
+                                                                                    if x.reads == kind)]
+        self.keys = {kind: cache_key(kind, settings=("recompute", "dispatcher", "overlap")) for kind in READS}
+        self.settings_keys: dict[tuple, tuple] = {}  # (kind, level, comm): the values at the setting's paths
+        self.fixed_violations = rules.check(self.base, self.mcore, reads=("fixed",))
+        self.rule_cache: dict[tuple, list] = {}
         self.messages: dict[tuple, list[str]] = {}
-        self._current: Candidate | None = None  # whose layout fields self.work holds
+        self.rank_params: dict[tuple, list] = {}
+        self.layer_terms: dict[tuple, tuple] = {}
+        self.estimators: dict[tuple, memory.Estimator] = {}
+        self.static: dict[tuple, list] = {}
         self._peak_cache: tuple = (None, None)  # the last (candidate, level) and its peaks
-        self.te_spec, self.flash = plan.te_spec(cfg), cfg.hardware.arch != "cpu"
+        self._memo: tuple = (None, {})  # the candidate being evaluated and its resolved plans
         self.flex_gib = self.cfg.memory.flex_dispatcher_gib
         self.cap = cfg.hardware.memory_gib
         self.cap_bytes = None if self.cap is None else self.cap * memory.GIB
@@ -251,96 +261,135 @@ class Search:
         # weights + gradients per parameter
         self.state_bytes = memory.DTYPE_BYTES[cfg.precision.params_dtype] + memory.grad_bytes(cfg)
         self.domain = cfg.hardware.nvlink_domain_size
-        self.model = StepModel(self.cfg, self.arch, self.world)
+        self.model = StepModel(self.base)
         # the user's settings, which a row's overrides change when its setting differs
         self.base_dispatcher, self.base_overlap = cfg.dispatcher.name, cfg.overlap.overlap_moe_expert_parallel_comm
+
+    # ------------------------------------------------------------------ a candidate as a resolved plan
+
+    def config(self, c: Candidate, level: str | None = None, comm: Comm | None = None) -> Any:
+        """The config of a candidate (at a recompute level, with a communication setting): the base config with
+        the candidate's fields, as the overrides of its layouts.json row would set them."""
+        return type(self.cfg)(**{**self._config_kw, **self._settings(level, comm),
+                                 "parallel": type(self.cfg.parallel)(**{**self._parallel_kw, **c.fields()}),
+                                 "train": type(self.cfg.train)(**{**self._train_kw, "micro_batch_size": c.mbs})})
+
+    def resolved(self, c: Candidate, level: str | None = None, comm: Comm | None = None) -> Resolved:
+        """The candidate's resolved plan: the same constructor as stage=plan's, with this search's model facts
+        and implementation (kept for the candidate being evaluated, by level and setting)."""
+        level = None if level == self.base_name else level
+        comm = None if comm == self.comms[0] else comm
+        if self._memo[0] is not c:
+            self._memo = (c, {})
+        r = self._memo[1].get((level, comm))
+        if r is None:
+            if level is None and comm is None:
+                r = resolve(self.config(c), self.impl, self.arch)
+            else:  # the candidate's plan with another recompute or communication setting, which no fact reads
+                r = self.resolved(c).with_settings(**self._settings(level, comm))
+            self._memo[1][level, comm] = r
+        return r
+
+    def _settings(self, level: str | None, comm: Comm | None) -> dict[str, Any]:
+        """The config nodes of a recompute level and a communication setting (None: the base's)."""
+        out = {}
+        if level is not None:
+            out["recompute"] = self.recompute[level]
+        if comm is not None:
+            out.update(dispatcher=self.dispatcher_nodes[comm.dispatcher], overlap=self.overlap_nodes[comm.ep_overlap])
+        return out
+
+    def _check(self, c: Candidate, kind: str, level: str | None = None, comm: Comm | None = None,
+               comm_only: bool = False) -> list:
+        """The violations of one kind of rule for a candidate at a recompute level and communication setting,
+        cached by the values those rules read (:func:`cache_key`): the candidate's plan's values outside the
+        settings (once per candidate) and the setting's own (once per search); the plan at that setting is
+        resolved only when the rules must run."""
+        level = None if level == self.base_name else level
+        comm = None if comm == self.comms[0] else comm
+        r = self.resolved(c)  # kept in the memo with the candidate's other values
+        memo = self._memo[1]
+        plan_part = memo.get(kind)
+        if plan_part is None:
+            plan_part = memo[kind] = self.keys[kind][0](r)
+        settings_part = self.settings_keys.get((kind, level, comm))
+        if settings_part is None:
+            settings_part = self.settings_keys[kind, level, comm] = self.keys[kind][1](
+                self.base.with_settings(**self._settings(level, comm)))
+        key = (kind, comm_only, plan_part, settings_part)
+        found = self.rule_cache.get(key)
+        if found is None:
+            found = self.rule_cache[key] = rules.check(self.resolved(c, level, comm), self.mcore, reads=(kind,),
+                                                       comm_only=comm_only)
+        return found
+
+    # ------------------------------------------------------------------ evaluation
 
     def evaluate(self, c: Candidate) -> Result:
         """Rules, counts, the least recompute that fits, and the step-time terms of one candidate (with the
         fastest communication setting that is legal and fits)."""
+        r = self.resolved(c)
+        lo = r.layout
         if self.cap is not None:  # weights + gradients of an average rank: a lower bound on the most loaded one
-            floor = self.state_bytes * (self.dense_total / (c.tp * c.pp) + self.expert_total / (c.ep * c.etp * c.pp))
+            floor = self.state_bytes * (self.dense_total / (lo.tp * lo.pp) + self.expert_total / (lo.ep * lo.etp * lo.pp))
             if floor > self.cap_bytes:
-                return Result(c, [], None, floor / memory.GIB, False, pruned=True)
-        cfg = self.work  # a private copy, set in place (its layout fields only where a cache misses)
-        cfg.train.micro_batch_size = c.mbs
-        cfg.recompute = self.base_recompute
-        self._current = None
-        mesh = (c.tp, c.cp, c.pp, c.ep, c.etp, c.mbs)
-        mesh_v = self.mesh_violations.get(mesh)
-        if mesh_v is None:
-            mesh_v = self.mesh_violations[mesh] = rules.check(self._set(c), self.mcore, self.arch, reads=("mesh",))
-        pipe = (c.pp, c.vpp, c.split, self.world // (c.tp * c.cp * c.pp), c.mbs)
-        pipe_v = self.pipeline_violations.get(pipe)
-        if pipe_v is None:
-            pipe_v = self.pipeline_violations[pipe] = rules.check(self._set(c), self.mcore, self.arch, reads=("pipeline",))
-        rc_v = self._recompute_violations(c, self.base_name)
-        if self.fixed_violations or mesh_v or pipe_v or rc_v:
-            key = (id(mesh_v), id(pipe_v), id(rc_v))  # the cached lists: one message list per combination
+                return Result(c, lo, [], None, floor / memory.GIB, False, pruned=True)
+        found = [self._check(c, kind) for kind in ("mesh", "pipeline", "recompute")]
+        if self.fixed_violations or any(found):
+            key = tuple(map(id, found))  # the cached lists: one message list per combination
             messages = self.messages.get(key)
             if messages is None:
                 messages = self.messages[key] = [f"[{v.rule}] {v.message}"
-                                                  for v in (*self.fixed_violations, *mesh_v, *pipe_v, *rc_v)]
-            return Result(c, messages)
-        lo = Layout(self.world, c.tp, c.cp, c.pp, c.vpp, c.ep, c.etp, c.tp > 1)
-        split = self.splits.get((c.pp, c.vpp, c.split))
-        if split is None:
-            split = self.splits[(c.pp, c.vpp, c.split)] = params.stages(self.arch, lo, self._set(c).parallel)
-        key = (c.tp, c.etp, c.ep, c.pp, c.vpp, c.split)  # parameters do not depend on CP or the micro batch
-        cached = self.rank_params.get(key)
+                                                  for v in (*self.fixed_violations, *(v for f in found for v in f))]
+            return Result(c, lo, messages)
+        ranks_key = _RANKS(r)
+        cached = self.rank_params.get(ranks_key)
         if cached is None:
-            ranks = params.params_per_rank(self.arch, lo, self._set(c).parallel, te_spec=self.te_spec, split=split)
-            cached = self.rank_params[key] = [ranks, memory.peak_candidates(self.arch, split, ranks), None,
-                                              max(ranks, key=lambda r: r.total)]
-        ranks, stages_to_check, static, worst = cached
-        if static is None:  # the states depend on the parameters and DP x CP (= world / (TP PP)) and EDP only
-            static = cached[2] = self._estimator(c, mesh, lo, self.base_name).static(ranks)
-        level, peak, fits = self._least_recompute(c, mesh, lo, split, static, stages_to_check)
+            ranks = params.params_per_rank(self.arch, lo, r.split, te_spec=self.impl.te)
+            cached = self.rank_params[ranks_key] = (ranks, memory.peak_candidates(self.arch, r.split, ranks),
+                                                    max(ranks, key=lambda x: x.total))
+        ranks, stages, worst = cached
+        static_key = (ranks_key, _SHARDS(r))
+        static = self.static.get(static_key)
+        if static is None:  # the states depend on the parameters and their sharding only
+            static = self.static[static_key] = self._estimator(c, r, self.base_name).static(ranks)
+        level, peak, fits = self._least_recompute(c, r, static, stages)
         comm = self.comms[0]
         if fits is not False and len(self.comms) > 1:
-            comm, level, peak = self._fastest_comm(c, mesh, lo, level, peak, worst, split, static, stages_to_check)
-        terms = self.model.terms(lo, worst.dense, worst.expert, c.mbs, level, comm.flex, comm.ep_overlap)
-        return Result(c, [], level, peak, fits, terms, comm=comm)
+            comm, level, peak = self._fastest_comm(c, r, level, peak, worst, static, stages)
+        terms = self.model.terms(r, worst.dense, worst.expert, level, comm.flex, comm.ep_overlap)
+        return Result(c, lo, [], level, peak, fits, terms, comm=comm)
 
-    def _fastest_comm(self, c: Candidate, mesh: tuple, lo: Layout, level: str, peak: float, worst, split, static,
+    def _fastest_comm(self, c: Candidate, r: Resolved, level: str, peak: float, worst, static,
                       stages) -> tuple[Comm, str, float]:
         """(setting, recompute, peak GiB): the fastest communication setting that the rules accept and that
         fits, at the primary's least recompute or above."""
         model, primary = self.model, self.comms[0]
         best = (primary, level, peak)
-        best_step = model.step(lo, worst.dense, worst.expert, c.mbs, level, primary.flex, primary.ep_overlap)
-        cross_node = c.ep * c.etp > self.domain
+        best_step = model.step(r, worst.dense, worst.expert, level, primary.flex, primary.ep_overlap)
+        cross_node = r.layout.ep * r.layout.etp > self.domain
         for comm in self.comms[1:]:
-            if (comm.flex and not cross_node and not primary.flex) or (comm.ep_overlap and c.ep == 1):
+            if (comm.flex and not cross_node and not primary.flex) or (comm.ep_overlap and r.layout.ep == 1):
                 continue  # the model gives the same time (flex inside the domain), or a rule refuses it (L65)
             for lvl in self.levels_from[level]:
-                step = model.step(lo, worst.dense, worst.expert, c.mbs, lvl, comm.flex, comm.ep_overlap)
+                step = model.step(r, worst.dense, worst.expert, lvl, comm.flex, comm.ep_overlap)
                 if step >= best_step:
                     break  # more recompute only adds time
-                if self._level_refused(c, lvl) or not self._comm_legal(c, mesh, lvl, comm):
+                if self._level_refused(c, lvl) or not self._comm_legal(c, lvl, comm):
                     continue
-                peak_c = self._peak_with(c, mesh, lo, lvl, comm, split, static, stages)
+                peak_c = self._peak_with(c, r, lvl, comm, static, stages)
                 if self.cap is None or peak_c <= self.cap:
                     best, best_step = (comm, lvl, peak_c), step
                     break
         return best
 
-    def _set(self, c: Candidate) -> Any:
-        """The working config with ``c``'s layout fields (set once per candidate, when a cache misses)."""
-        if self._current is not c:
-            p = self.work.parallel
-            for field, value in c.fields().items():
-                setattr(p, field, value)
-            self._current = c
-        return self.work
-
-    def _least_recompute(self, c: Candidate, mesh: tuple, lo: Layout, split, static, stages) -> tuple:
+    def _least_recompute(self, c: Candidate, r: Resolved, static, stages) -> tuple:
         """(level, peak GiB, fits) with the primary communication setting: the least recompute that fits."""
         cap, overlap = self.cap, self.comms[0].ep_overlap
         for name in self.recompute:
             if self._level_refused(c, name):
                 continue  # e.g. full recompute with EP overlap
-            peak = self._peaks(c, mesh, lo, name, split, static, stages)[overlap]
+            peak = self._peaks(c, r, name, static, stages)[overlap]
             fits = None if cap is None else peak <= cap
             if fits is not False:
                 break
@@ -348,81 +397,57 @@ class Search:
                 break
         return name, peak, fits
 
-    def _peaks(self, c: Candidate, mesh: tuple, lo: Layout, level: str, split, static, stages) -> tuple[float, float]:
+    def _peaks(self, c: Candidate, r: Resolved, level: str, static, stages) -> tuple[float, float]:
         """The peak (GiB) at a recompute level, without and with EP overlap (the primary dispatcher's
         buffers; :meth:`_peak_with` adds another's)."""
         key = (c, level)
         if self._peak_cache[0] != key:
-            est = self._estimator(c, mesh, lo, level)
-            self._peak_cache = (key, tuple(p / memory.GIB for p in est.peaks(split, static, stages)))
+            est = self._estimator(c, r, level)
+            self._peak_cache = (key, tuple(p / memory.GIB for p in est.peaks(r.split, static, stages)))
         return self._peak_cache[1]
 
-    def _estimator(self, c: Candidate, mesh: tuple, lo: Layout, level: str) -> memory.Estimator:
-        """The estimator of a mesh at a recompute level, set to this candidate's VPP (and the work config
-        to the level's recompute, which its activations read)."""
-        self.work.recompute = self.recompute.get(level, self.base_recompute)
-        est = self.estimators.get((mesh, level))
-        if est is None:  # what an estimator precomputes depends on the mesh and the recompute only
-            terms = self.mesh_terms.get(mesh)
-            if terms is None:  # the activation terms depend on the mesh, not on VPP or the split
-                terms = self.mesh_terms[mesh] = (
-                    memory.layer_terms(self.work, lo, self.arch, False, flash=self.flash),
-                    memory.layer_terms(self.work, lo, self.arch, True, flash=self.flash) if self.arch.experts else {})
-            m = self.work.train.global_batch_size // (c.mbs * lo.dp)
-            est = self.estimators[(mesh, level)] = memory.Estimator(self.work, lo, self.arch, m, flash=self.flash,
-                                                                    terms=terms)
-        est.lo = lo  # this candidate's VPP
+    def _estimator(self, c: Candidate, r: Resolved, level: str) -> memory.Estimator:
+        """The estimator of a candidate at a recompute level. The layer terms are cached by what they read of
+        the layout (:data:`_TERMS`); an estimator by those, the micro-batches per step and the level, then set
+        to this candidate's layout (its PP and VPP: the micro-batches in flight)."""
+        terms_key = _TERMS(r)
+        est_key = (terms_key, r.batch.micro_batches_per_step, level)
+        est = self.estimators.get(est_key)
+        if est is None:
+            terms = self.layer_terms.get(terms_key)
+            if terms is None:  # the activation terms do not depend on VPP, the split or recompute
+                terms = self.layer_terms[terms_key] = (memory.layer_terms(r, False),
+                                                       memory.layer_terms(r, True) if self.arch.experts else {})
+            at_level = r if level == self.base_name else self.resolved(c, level)
+            est = self.estimators[est_key] = memory.Estimator(at_level, terms=terms)
+        est.lo = r.layout
         return est
 
-    def _peak_with(self, c: Candidate, mesh: tuple, lo: Layout, level: str, comm: Comm, split, static, stages) -> float:
+    def _peak_with(self, c: Candidate, r: Resolved, level: str, comm: Comm, static, stages) -> float:
         """The peak (GiB) with another communication setting: EP overlap holds one more micro-batch chunk in
         flight, a flex dispatcher adds its buffers."""
-        peak = self._peaks(c, mesh, lo, level, split, static, stages)[comm.ep_overlap]
+        peak = self._peaks(c, r, level, static, stages)[comm.ep_overlap]
         return peak + self.flex_gib * (comm.flex - self.comms[0].flex)
 
-    def _comm_legal(self, c: Candidate, mesh: tuple, level: str, comm: Comm) -> bool:
-        """Whether the rules that read the dispatcher or EP overlap accept ``comm`` with this candidate: those
-        that read the mesh once per mesh, those that read the pipeline and recompute once per those."""
-        keys = ((mesh, comm.dispatcher), (c.pp, c.vpp, c.split, c.ep, level, comm))
-        for reads, key in zip(("mesh", "recompute"), keys):
-            ok = self.comm_rule_cache.get(key)
-            if ok is None:
-                cfg, primary = self.work, self.comms[0]
-                cfg.recompute = self.recompute.get(level, self.base_recompute)
-                cfg.dispatcher = self.dispatcher_nodes[comm.dispatcher]
-                cfg.overlap.overlap_moe_expert_parallel_comm = comm.ep_overlap
-                try:
-                    ok = self.comm_rule_cache[key] = not rules.check(self._set(c), self.mcore, self.arch,
-                                                                    reads=(reads,), comm_only=True)
-                finally:
-                    cfg.dispatcher = self.dispatcher_nodes[primary.dispatcher]
-                    cfg.overlap.overlap_moe_expert_parallel_comm = primary.ep_overlap
-            if not ok:
-                return False
-        return True
+    def _level_refused(self, c: Candidate, level: str) -> bool:
+        """Whether the rules refuse a rung of the recompute ladder above the configured one."""
+        if level == self.base_name:
+            return False
+        return bool(self._check(c, "recompute", level))
 
-    def _preset_level(self, level: str, node: Any) -> Any:
-        """A rung of the recompute ladder as stage=plan's suggestions apply it (selective: MLA-aware)."""
-        return plan.apply_overrides(replace(self.cfg, recompute=node), self._level_overrides(level)).recompute
+    def _comm_legal(self, c: Candidate, level: str, comm: Comm) -> bool:
+        """Whether the rules that read the dispatcher or EP overlap accept ``comm`` with this candidate."""
+        return not any(self._check(c, kind, level, comm, comm_only=True) for kind in self.comm_kinds)
 
     def _level_overrides(self, level: str) -> list[str]:
         return plan.selective_recompute(self.arch) if level == "selective" else [f"recompute={level}"]
 
-    def _level_refused(self, c: Candidate, level: str) -> bool:
-        """Whether the rules refuse a rung of the recompute ladder above the configured one."""
-        return level != self.base_name and bool(self._recompute_violations(c, level))
-
-    def _recompute_violations(self, c: Candidate, level: str) -> list:
-        key = (c.pp, c.vpp, c.split, c.ep, level)
-        if key not in self.recompute_rule_cache:
-            self.work.recompute = self.recompute.get(level, self.base_recompute)
-            self.recompute_rule_cache[key] = rules.check(self._set(c), self.mcore, self.arch, reads=("recompute",))
-        return self.recompute_rule_cache[key]
+    # ------------------------------------------------------------------ the whole search
 
     def run(self, workers: int | None = None) -> list[Result]:
         """Every candidate, evaluated; the legal ones that fit ranked 1..n. ``workers``: processes to
         evaluate in (None: one per CPU this process may use, for large searches, on Linux)."""
-        candidates = list(enumerate_layouts(self.cfg, self.mbs))
+        candidates = list(enumerate_layouts(self.base, self.mbs))
         if workers is None:
             workers = search_workers(len(candidates))
         if workers > 1:
@@ -468,7 +493,7 @@ class Search:
         if r.comm and r.comm.dispatcher != self.base_dispatcher:
             out.append(f"dispatcher={r.comm.dispatcher}")
         if r.comm and r.comm.ep_overlap != self.base_overlap:
-            out.append(f"overlap.overlap_moe_expert_parallel_comm={str(r.comm.ep_overlap).lower()}")
+            out.append(overrides.override("overlap.overlap_moe_expert_parallel_comm", r.comm.ep_overlap))
         return out
 
     def report(self, results: list[Result], seconds: float) -> dict[str, Any]:
@@ -480,15 +505,16 @@ class Search:
             "model": cfg.model.name, "hardware": cfg.hardware.name, "world_size": self.world,
             "global_batch_size": cfg.train.global_batch_size, "seq_length": cfg.train.seq_length,
             "memory_gib": cfg.hardware.memory_gib, "recompute_levels": list(self.recompute),
+            "implementation": self.base.as_dict()["implementation"],
             "counts": {"candidates": len(results), "legal": sum(r.legal and not r.pruned for r in results),
                        "pruned_by_memory": sum(r.pruned for r in results),
                        "fit": sum(r.legal and r.fits is not False for r in results), "ranked": len(ranked)},
             "search_seconds": round(seconds, 3),
-            "step_time_model": {"model": "moe_hydra.step_model (analytic; see its documentation)",
+            "step_time_model": {"model": "moe_hydra.planning.step_model (analytic; see its documentation)",
                                 **dataclasses.asdict(cfg.step_model)},
             "communication_settings": [c.describe() for c in self.comms],
             # overrides for the best: the rest follow from parallel, micro_batch_size and recompute
-            "candidates": [{**r.as_dict(self.world), **({"overrides": self.overrides(r)} if i < OVERRIDES_FOR else {})}
+            "candidates": [{**r.as_dict(), **({"overrides": self.overrides(r)} if i < OVERRIDES_FOR else {})}
                            for i, r in enumerate(ranked + rest)],
         }
 
@@ -519,14 +545,16 @@ def _evaluate_share(k: int) -> tuple[int, list[tuple], list[list[str]]]:
             v = ids[id(r.violations)] = len(violations)
             violations.append(r.violations)
         terms = tuple(r.terms[t] for t in (*TERMS, "step")) if r.terms else None
-        rows.append((v, r.recompute, r.memory_gib, r.fits, r.pruned,
+        lo = r.layout
+        rows.append((v, (lo.world_size, lo.tp, lo.cp, lo.pp, lo.vpp, lo.ep, lo.etp, lo.sp), r.recompute, r.memory_gib,
+                     r.fits, r.pruned,
                      None if r.comm is None else s.comms.index(r.comm), terms))
     return k, rows, violations
 
 
 def _unpack(c: Candidate, row: tuple, violations: list[list[str]], comms: list[Comm]) -> Result:
-    v, recompute, memory_gib, fits, pruned, comm, terms = row
-    return Result(c, [] if v is None else violations[v], recompute, memory_gib, fits,
+    v, layout, recompute, memory_gib, fits, pruned, comm, terms = row
+    return Result(c, Layout(*layout), [] if v is None else violations[v], recompute, memory_gib, fits,
                   None if terms is None else dict(zip((*TERMS, "step"), terms)), pruned=pruned,
                   comm=None if comm is None else comms[comm])
 

@@ -50,11 +50,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from moe_hydra.core import flops, metrics
-from moe_hydra.core.arch import Arch
 from moe_hydra.core.layout import Layout
+from moe_hydra.core.resolved import Resolved
 
 NOMINAL_TFLOPS, NOMINAL_GB_S = 1.0, 10.0
 TERMS = ("compute", "ep", "etp", "tp", "cp", "host", "dp", "bubble", "p2p")
@@ -91,8 +90,11 @@ PUBLISHED = (
 class StepModel:
     """The step-time model for one config (model, hardware, batch, step_model fractions), rates read once."""
 
-    def __init__(self, cfg: Any, arch: Arch, world: int):
-        self.arch, self.world = arch, world
+    def __init__(self, r: Resolved):
+        """Rates from the plan's hardware, precision and ``step_model`` fractions; the model and the batch (the
+        layout search's candidates share them) from the plan."""
+        cfg, arch = r.cfg, r.arch
+        self.arch, self.world = arch, r.layout.world_size
         hw, k = cfg.hardware, cfg.step_model
         self.k = k
         peak, _ = metrics.peak_tflops(hw, cfg.precision)
@@ -101,7 +103,7 @@ class StepModel:
         self.scaleout = (hw.scaleout_bandwidth_gb_s or NOMINAL_GB_S) * 1e9 * k.scaleout_efficiency
         self.hbm = (hw.hbm_bandwidth_tb_s or NOMINAL_GB_S / 1000) * 1e12
         self.domain = hw.nvlink_domain_size
-        self.seq, self.gbs = cfg.train.seq_length, cfg.train.global_batch_size
+        self.seq, self.gbs = r.batch.seq_length, r.batch.global_batch_size
         self.groups, self.group_topk = cfg.model.moe_router_num_groups, cfg.model.moe_router_group_topk
         self.overlap_grad_reduce = cfg.overlap.overlap_grad_reduce
         fl = flops.flops_per_token(arch, self.seq)
@@ -137,22 +139,26 @@ class StepModel:
             self._remote[key] = copies
         return self._remote[key]
 
-    def terms(self, lo: Layout, dense_params: int, expert_params: int, mbs: int, recompute: str,
+    def terms(self, r: Resolved, dense_params: int, expert_params: int, recompute: str,
               flex: bool = False, ep_overlap: bool = False) -> dict[str, float]:
-        """The step-time terms (seconds) of a layout, from the most loaded rank's parameters, and their sum."""
-        return dict(zip((*TERMS, "step"), self._terms(lo, dense_params, expert_params, mbs, recompute, flex, ep_overlap)))
+        """The step-time terms (seconds) of a resolved layout (of this model and batch), from the most loaded
+        rank's parameters, and their sum."""
+        return dict(zip((*TERMS, "step"), self._terms(r, dense_params, expert_params, recompute, flex, ep_overlap)))
 
-    def step(self, lo: Layout, dense_params: int, expert_params: int, mbs: int, recompute: str,
+    def step(self, r: Resolved, dense_params: int, expert_params: int, recompute: str,
              flex: bool = False, ep_overlap: bool = False) -> float:
         """The step time alone (what comparing communication settings needs)."""
-        return self._terms(lo, dense_params, expert_params, mbs, recompute, flex, ep_overlap)[-1]
+        return self._terms(r, dense_params, expert_params, recompute, flex, ep_overlap)[-1]
 
-    def _terms(self, lo: Layout, dense_params: int, expert_params: int, mbs: int, recompute: str,
+    def _terms(self, r: Resolved, dense_params: int, expert_params: int, recompute: str,
                flex: bool, ep_overlap: bool) -> tuple[float, ...]:
-        key = (lo.tp, lo.cp, lo.pp, lo.ep, lo.etp, lo.sp, mbs, recompute, dense_params, expert_params)
+        lo, b = r.layout, r.batch
+        key = (lo.tp, lo.cp, lo.pp, lo.ep, lo.etp, lo.sp, b.micro_batch_size, b.micro_batches_per_step, recompute,
+               dense_params, expert_params)
         mesh = self._mesh.get(key)
         if mesh is None:  # all but the chunks' terms: the same for every VPP of a mesh
-            mesh = self._mesh[key] = self._mesh_terms(lo, dense_params, expert_params, mbs, recompute)
+            mesh = self._mesh[key] = self._mesh_terms(lo, dense_params, expert_params, b.micro_batch_size,
+                                                      b.micro_batches_per_step, recompute)
         m, compute, ep_nvlink, ep_remote, etp, tp, cp, host, dp, p2p_per_chunk = mesh
         ep = ep_nvlink + ep_remote[flex]
         if ep_overlap:  # hidden under another micro-batch's compute
@@ -166,9 +172,8 @@ class StepModel:
         p2p = vpp * p2p_per_chunk
         return compute, ep, etp, tp, cp, busy - gpu, dp, bubble, p2p, busy + dp + bubble + p2p
 
-    def _mesh_terms(self, lo: Layout, dense_params: int, expert_params: int, mbs: int, recompute: str) -> tuple:
+    def _mesh_terms(self, lo: Layout, dense_params: int, expert_params: int, mbs: int, m: int, recompute: str) -> tuple:
         a, k, world, domain, nvl, out = self.arch, self.k, self.world, self.domain, self.nvlink, self.scaleout
-        m = self.gbs // (mbs * lo.dp)
         seq_rows = self.seq * mbs / lo.cp
         rows = seq_rows / lo.tp if lo.sp else seq_rows
         tokens = self.gbs * self.seq * self.recompute_flops[recompute] / world

@@ -14,41 +14,30 @@ Pure: standard library only.
 
 from __future__ import annotations
 
-from typing import Any
-
-from moe_hydra.core.arch import Arch
-from moe_hydra.core.layout import Layout
+from moe_hydra.core.resolved import Resolved
 from moe_hydra.core.versions import McoreFacts, mcore_facts
-
 # importing registers their rules, in this order: the layout first, then the features
-from moe_hydra.planning.rules import (
-    feature_rules,  # noqa: F401
-    layout_rules,  # noqa: F401, I001
-)
-from moe_hydra.planning.rules.base import RULES, Ctx, LayoutError, Violation
+from moe_hydra.planning.rules import layout_rules  # noqa: F401  # isort: skip
+from moe_hydra.planning.rules import feature_rules  # noqa: F401  # isort: skip
+from moe_hydra.planning.rules.base import RULES, Ctx, LayoutError, Violation  # isort: skip
 
 __all__ = ["RULES", "LayoutError", "Violation", "check", "validate"]
 
 
-def check(cfg: Any, mcore: McoreFacts | None = None, arch: Arch | None = None,
-          reads: tuple[str, ...] | None = None, comm_only: bool = False) -> list[Violation]:
-    """Every violation of ``cfg`` (a composed config as objects, e.g. ``OmegaConf.to_object``).
+def check(r: Resolved, mcore: McoreFacts | None = None, reads: tuple[str, ...] | None = None,
+          comm_only: bool = False) -> list[Violation]:
+    """Every violation of the resolved plan ``r``.
 
-    ``arch``: the model's :class:`Arch` when the caller has it. ``reads``: only the rules that read
-    these (``fixed``, ``mesh``, ``pipeline``; see :func:`~moe_hydra.rules.base.rule`); None checks all.
-    ``comm_only``: only the rules that read the dispatcher or EP overlap."""
-    if arch is None:
-        try:
-            arch = Arch.from_model(cfg.model)
-        except ValueError:
-            arch = None
-    ctx = Ctx(cfg, Layout.from_config(cfg), arch, mcore or mcore_facts())
-    return [v for r in RULES if (reads is None or r.reads in reads) and (r.comm or not comm_only) for v in r(ctx)]
+    ``reads``: only the rules that read these (``fixed``, ``mesh``, ``pipeline``, ``recompute``; see
+    :func:`~moe_hydra.planning.rules.base.rule`); None checks all. ``comm_only``: only the rules that read the
+    dispatcher or EP overlap."""
+    ctx = Ctx(r, mcore or mcore_facts())
+    return [v for rule in RULES if (reads is None or rule.reads in reads) and (rule.comm or not comm_only)
+            for v in rule(ctx)]
 
 
-def validate(cfg: Any, subject: str | None = None, mcore: McoreFacts | None = None, arch: Arch | None = None) -> None:
+def validate(r: Resolved, subject: str | None = None, mcore: McoreFacts | None = None) -> None:
     """Raise :class:`LayoutError` listing every violation, if there are any."""
-    violations = check(cfg, mcore, arch)
+    violations = check(r, mcore)
     if violations:
-        lo = Layout.from_config(cfg)
-        raise LayoutError(violations, subject or f"{cfg.model.name} on {lo.world_size} x {cfg.hardware.name}")
+        raise LayoutError(violations, subject or f"{r.cfg.model.name} on {r.layout.world_size} x {r.cfg.hardware.name}")

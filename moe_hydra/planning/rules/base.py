@@ -1,66 +1,45 @@
-"""The vocabulary of the legality rules: a violation, the error that carries them, the context a rule
-reads, and the registry every rule joins with ``@rule``. Pure: standard library only.
+"""The vocabulary of the legality rules: the context a rule reads and the registry every rule joins with
+``@rule`` (a violation and the error that carries them are the core's: :mod:`moe_hydra.core.violations`).
+Pure: standard library only.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Callable, Iterator
 
 from moe_hydra.core.arch import Arch
 from moe_hydra.core.layout import Layout
+from moe_hydra.core.resolved import Batch, Resolved
 from moe_hydra.core.versions import McoreFacts
-
-
-@dataclass(frozen=True, slots=True)
-class Violation:
-    rule: str
-    message: str  # what broke, with the values and the arithmetic
-    fields: tuple[tuple[str, Any], ...]  # (dotted path, value) of every field involved
-    fix: str  # an override (or a choice of overrides) that makes the rule hold
-
-    def render(self) -> str:
-        where = "  ".join(f"{k}={_fmt(v)}" for k, v in self.fields)
-        return f"[{self.rule}] {self.message}\n        {where}\n        fix: {self.fix}"
-
-
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return str(v).lower()
-    if isinstance(v, (list, tuple)):
-        return "[" + ",".join(_fmt(x) for x in v) + "]"
-    return str(getattr(v, "value", v))
-
-
-class LayoutError(ValueError):
-    """The composed config breaks one or more rules. ``violations`` holds all of them."""
-
-    def __init__(self, violations: list[Violation], subject: str = "this config"):
-        self.violations = violations
-        self.subject = subject
-        super().__init__(self.report())
-
-    def record(self) -> dict[str, Any]:
-        """What ``violations.json`` holds."""
-        return {"stage": "plan", "status": "invalid", "violations": [
-            {"rule": v.rule, "message": v.message, "fields": dict(v.fields), "fix": v.fix} for v in self.violations]}
-
-    def report(self) -> str:
-        n = len(self.violations)
-        head = f"{n} layout violation{'s' if n > 1 else ''} for {self.subject}; nothing was launched."
-        return "\n".join([head] + ["  " + v.render() for v in self.violations])
+from moe_hydra.core.violations import LayoutError, V, Violation, fmt as _fmt  # noqa: F401 (the rules' vocabulary)
 
 
 @dataclass(slots=True)
 class Ctx:
-    """What every rule reads: the config, its layout, its architecture, the megatron-core facts."""
+    """What every rule reads: the resolved plan (the config, its layout, architecture and batch) and the
+    megatron-core facts."""
 
-    cfg: Any
-    layout: Layout
-    arch: Arch | None  # None when moe_layer_freq itself is malformed (S02 reports it)
+    r: Resolved
     mcore: McoreFacts
+
+    @property
+    def cfg(self):
+        return self.r.cfg
+
+    @property
+    def layout(self) -> Layout:
+        return self.r.layout
+
+    @property
+    def arch(self) -> Arch | None:
+        """None when moe_layer_freq itself is malformed (L13 reports it)."""
+        return self.r.arch
+
+    @property
+    def batch(self) -> Batch:
+        return self.r.batch
 
     @property
     def p(self):
@@ -87,29 +66,96 @@ Rule = Callable[[Ctx], Iterator[Violation]]
 RULES: list[Rule] = []
 
 
-def rule(fn: Rule | None = None, *, reads: str = "mesh", comm: bool = False):
-    """Register a rule. ``reads`` says what of a layout it reads, so the layout search checks each rule
-    as rarely as it can:
+# What each kind of rule may read of what the layout search varies, as paths into the resolved plan. The
+# search caches each kind's verdict by the values at exactly these paths (:func:`cache_key`);
+# tests/test_rules.py runs every rule under a recorder and fails when a rule reads a varied path its kind
+# does not list, so a mis-declared rule fails a test instead of corrupting a ranking.
+_LAYOUT = ("layout.world_size", "layout.tp", "layout.cp", "layout.pp", "layout.ep", "layout.etp", "layout.sp",
+           "layout.dp", "layout.edp", "layout.attention_model_size", "layout.expert_model_size")
+_MESH = tuple(f"cfg.parallel.{f}" for f in (
+    "tensor_model_parallel_size", "context_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
+    "expert_tensor_parallel_size", "sequence_parallel", "cp_comm_type", "hierarchical_context_parallel_sizes",
+    "use_tp_pp_dp_mapping"))
+_SPLIT = ("layout.vpp", *(f"cfg.parallel.{f}" for f in (
+    "virtual_pipeline_model_parallel_size", "pipeline_model_parallel_layout", "num_layers_in_first_pipeline_stage",
+    "num_layers_in_last_pipeline_stage", "account_for_embedding_in_pipeline_split",
+    "account_for_loss_in_pipeline_split")))
+_BATCH = ("batch.micro_batch_size", "batch.global_batch_size", "batch.micro_batches_per_step",
+          "cfg.train.micro_batch_size", "cfg.train.global_batch_size")
+_RECOMPUTE = tuple(f"cfg.recompute.{f}" for f in (
+    "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules"))
+DISPATCHER_READS = ("cfg.dispatcher.name", "cfg.dispatcher.moe_token_dispatcher_type",
+                    "cfg.dispatcher.moe_flex_dispatcher_backend", "cfg.dispatcher.num_sms")
+COMM_READS = (*DISPATCHER_READS, "cfg.overlap.overlap_moe_expert_parallel_comm")
+READS = {
+    "fixed": (),
+    "mesh": (*_LAYOUT, *_MESH, *_BATCH),
+    "pipeline": ("layout.world_size", "layout.pp", "layout.dp", *_SPLIT, *_BATCH),
+    "recompute": ("layout.pp", "layout.ep", *_SPLIT, *_RECOMPUTE),
+}
+# The declared paths whose values are lists (keyed as tuples).
+LIST_READS = ("cfg.parallel.hierarchical_context_parallel_sizes", "cfg.recompute.recompute_modules")
+# What the layout search varies between candidates: everything a candidate, its recompute level or its
+# communication setting changes (the fixed kind reads none of it).
+VARIED = ("layout.", "batch.", "split", "cfg.parallel.", "cfg.train.micro_batch_size", "cfg.train.global_batch_size",
+          "cfg.recompute.", "cfg.dispatcher.", "cfg.overlap.overlap_moe_expert_parallel_comm")
+
+
+def comm_reads(kind: str) -> tuple[str, ...]:
+    """The communication-setting paths the rules of a kind read (what their ``comm`` declares)."""
+    return tuple(dict.fromkeys(p for r in RULES if r.reads == kind for p in r.comm))
+
+
+def cache_key(kind: str, settings: tuple[str, ...] = ()) -> tuple[Callable[[Resolved], tuple], ...]:
+    """The values a kind of rule reads (with the communication setting its rules read), as hashable tuples: what
+    the layout search keys its verdicts by. Two parts: the values at the paths outside the config nodes
+    ``settings`` (e.g. ``("recompute", "dispatcher", "overlap")``, what a search tries on every candidate), and
+    the values at the paths inside them; together they are every path the kind reads."""
+    paths = READS[kind] + comm_reads(kind)
+    inside = tuple(p for p in paths if p.startswith(tuple(f"cfg.{node}." for node in settings)))
+    return _values_at(tuple(p for p in paths if p not in inside)), _values_at(inside)
+
+
+def _values_at(paths: tuple[str, ...]) -> Callable[[Resolved], tuple]:
+    if not paths:
+        return lambda r: ()
+    get = attrgetter(*paths, "cfg.parallel.tensor_model_parallel_size")  # a tuple even for one path
+    lists = [i for i, p in enumerate(paths) if p in LIST_READS]
+    if not lists:
+        return get
+
+    def values(r: Resolved) -> tuple:
+        found = list(get(r))
+        for i in lists:
+            found[i] = None if found[i] is None else tuple(found[i])
+        return tuple(found)
+
+    return values
+
+
+def rule(fn: Rule | None = None, *, reads: str = "mesh", comm: tuple[str, ...] = ()):
+    """Register a rule. ``reads``: the kind of rule, by what it reads of what the layout search varies
+    (:data:`READS`), so the search checks each rule as rarely as it can:
 
     - ``fixed``: nothing the search varies (once per search);
-    - ``mesh``: the parallel sizes and the micro batch (once per mesh);
-    - ``pipeline``: PP, VPP, the pipeline split and the batch (DP, micro batch), nothing else of the mesh;
+    - ``mesh``: the parallel sizes and the batch (once per mesh);
+    - ``pipeline``: PP, VPP, the pipeline split and the batch, nothing else of the mesh;
     - ``recompute``: PP, VPP, the split, EP and the recompute settings (once per recompute level the
       search tries).
 
-    ``comm``: the rule reads the dispatcher or EP overlap (the search also tries other settings of these)."""
+    ``comm``: the paths of the communication setting the rule reads too (:data:`DISPATCHER_READS`,
+    :data:`COMM_READS`): the search tries other dispatchers and EP overlap settings with every layout."""
 
     def register(f: Rule) -> Rule:
-        f.reads, f.comm = reads, comm
+        if reads not in READS:
+            raise ValueError(f"rule {f.__name__}: reads={reads!r} is not one of {sorted(READS)}")
+        if not set(comm) <= set(COMM_READS):
+            raise ValueError(f"rule {f.__name__}: comm={comm!r} names paths outside {COMM_READS}")
+        f.reads, f.comm = reads, tuple(comm)
         RULES.append(f)
         return f
 
     return register(fn) if fn is not None else register
-
-
-def V(rule_id: str, message: str, fix: str, **fields: Any) -> Violation:
-    """A violation; ``fields`` are dotted paths written with ``__`` for ``.``."""
-    return Violation(rule_id, message, tuple((k.replace("__", "."), v) for k, v in fields.items()), fix)
 
 
 def _divisors(n: int) -> list[int]:

@@ -6,11 +6,11 @@ Ids follow megatron-knobs.md §13. Pure: standard library only.
 
 from __future__ import annotations
 
-from moe_hydra.planning.rules.base import Ctx, V, _divisors, _fmt, _list, rule
+from moe_hydra.planning.rules.base import COMM_READS, DISPATCHER_READS, Ctx, V, _divisors, _fmt, _list, rule
 
 # --------------------------------------------------------------------------- dispatcher (L37-L45)
 
-@rule(comm=True)
+@rule(comm=DISPATCHER_READS)
 def l37_l45_dispatcher(c: Ctx):
     d, r, lo = c.cfg.dispatcher, c.cfg.routing, c.layout
     if c.flex and d.moe_flex_dispatcher_backend is None:
@@ -140,7 +140,7 @@ def l56_offload(c: Ctx):
 
 # --------------------------------------------------------------------------- CUDA graphs (L57-L61)
 
-@rule(reads="fixed")
+@rule(reads="recompute")  # L60/L61 read the recompute settings
 def l57_l61_cuda_graphs(c: Ctx):
     k, r = c.cfg.kernels, c.cfg.routing
     impl, scope = k.cuda_graph_impl, set(k.cuda_graph_scope)
@@ -186,7 +186,7 @@ def o01_optimizer_dtypes(c: Ctx):
 
 # --------------------------------------------------------------------------- EP overlap (L64-L73)
 
-@rule(reads="recompute", comm=True)
+@rule(reads="recompute", comm=COMM_READS)
 def l65_l73_ep_overlap(c: Ctx):
     o, lo = c.cfg.overlap, c.layout
     if o.delay_wgrad_compute and not o.overlap_moe_expert_parallel_comm:
@@ -282,3 +282,14 @@ def v01_ep1_etp_grads(c: Ctx):
                 f"parallel.expert_model_parallel_size=2 (EP >= 2), or parallel.expert_tensor_parallel_size={lo.tp}",
                 parallel__tensor_model_parallel_size=lo.tp, parallel__expert_tensor_parallel_size=lo.etp,
                 parallel__expert_model_parallel_size=1)
+
+
+@rule
+def j01_job_context_parallel(c: Ctx):
+    """The admission of stage=run: the job feeds every CP rank whole sequences (it does not split them over
+    context-parallel ranks), so a CP layout is planned, searched and fitted, but not run."""
+    if c.cfg.stage == "run" and c.layout.cp > 1:
+        yield V("J01", f"the job does not split sequences over context-parallel ranks (CP {c.layout.cp}); "
+                "plan, search and fit CP layouts with stage=plan or stage=fit",
+                "parallel.context_parallel_size=1, or stage=plan", parallel__context_parallel_size=c.layout.cp,
+                stage="run")

@@ -10,7 +10,7 @@ from typing import Any
 
 from moe_hydra.core.arch import parse_moe_layer_freq
 from moe_hydra.core.pipeline import expand_layout
-from moe_hydra.planning.rules.base import Ctx, V, _divisors, _fmt, _list, rule
+from moe_hydra.planning.rules.base import DISPATCHER_READS, Ctx, V, _divisors, _fmt, _list, rule
 
 # --------------------------------------------------------------------------- schema values (S)
 
@@ -40,24 +40,37 @@ def _get(cfg: Any, path: str) -> Any:
     return cfg
 
 
-@rule(reads="fixed")
-def s01_choices(c: Ctx):
-    for path, allowed in _CHOICES.items():
-        value = _get(c.cfg, path)
+def _choices(c: Ctx, paths: tuple[str, ...]):
+    for path in paths:
+        allowed, value = _CHOICES[path], _get(c.cfg, path)
         if value not in allowed:
             shown = ", ".join(_fmt(a) for a in allowed)
             yield V("S01", f"{path} must be one of {shown}", f"{path}=<one of {shown}>", **{path.replace(".", "__"): value})
 
 
-@rule
-def s02_positive(c: Ctx):
-    for path in ("hardware.nodes", "hardware.devices_per_node", "train.micro_batch_size", "train.seq_length",
-                 "parallel.tensor_model_parallel_size", "parallel.context_parallel_size",
-                 "parallel.pipeline_model_parallel_size", "parallel.expert_model_parallel_size"):
-        value = _get(c.cfg, path)
-        if value < 1:
-            yield V("S02", f"{path} must be >= 1", f"{path}=1", **{path.replace(".", "__"): value})
-    if c.arch is None:
+# one rule per kind of field: the layout search varies the mesh, the dispatcher and the recompute settings
+_RECOMPUTE_CHOICES = ("recompute.recompute_granularity", "recompute.recompute_method")
+_MESH_CHOICES = ("parallel.cp_comm_type", "dispatcher.moe_token_dispatcher_type", "dispatcher.moe_flex_dispatcher_backend")
+
+
+@rule(reads="fixed")
+def s01_choices(c: Ctx):
+    yield from _choices(c, tuple(p for p in _CHOICES if p not in _MESH_CHOICES + _RECOMPUTE_CHOICES))
+
+
+@rule(comm=DISPATCHER_READS)
+def s01_mesh_choices(c: Ctx):
+    yield from _choices(c, _MESH_CHOICES)
+
+
+@rule(reads="recompute")
+def s01_recompute_choices(c: Ctx):
+    yield from _choices(c, _RECOMPUTE_CHOICES)
+
+
+@rule(reads="fixed")
+def l13_moe_layer_freq(c: Ctx):
+    if c.arch is None:  # the resolved plan could not read the pattern
         try:
             parse_moe_layer_freq(c.m.moe_layer_freq, c.m.num_layers)
         except ValueError as e:
@@ -316,8 +329,8 @@ def l26_l28_tp_shapes(c: Ctx):
 
 @rule
 def l30_global_batch(c: Ctx):
-    gbs, mbs, dp = c.cfg.train.global_batch_size, c.cfg.train.micro_batch_size, c.layout.dp
-    if gbs is not None and dp and gbs % (mbs * dp):
+    gbs, mbs, dp = c.batch.global_batch_size, c.batch.micro_batch_size, c.layout.dp
+    if dp and gbs % (mbs * dp):
         unit = mbs * dp
         yield V("L30", f"global batch {gbs} is not divisible by micro batch {mbs} x DP {dp} = {unit}",
                 f"train.global_batch_size={max(unit, gbs // unit * unit)} (a multiple of {unit}), or null for {unit}",
@@ -328,17 +341,16 @@ def l30_global_batch(c: Ctx):
 def b01_interleaved_microbatches(c: Ctx):
     """Megatron's interleaved schedule runs micro-batches in groups of PP per virtual stage
     (microbatch_group_size_per_vp_stage): fewer than PP, or a last group of 1..PP-1, is refused at the first step."""
-    lo, t = c.layout, c.cfg.train
+    lo, b = c.layout, c.batch
     if not (lo.vpp and lo.vpp > 1 and lo.pp > 1 and lo.dp):
         return
-    mbs, unit = t.micro_batch_size, t.micro_batch_size * lo.dp
-    gbs = t.global_batch_size or mbs * lo.world_size
-    m = gbs // unit
+    mbs, gbs, m = b.micro_batch_size, b.global_batch_size, b.micro_batches_per_step
+    unit = mbs * lo.dp
     if gbs % unit == 0 and (m < lo.pp or 0 < m % lo.pp < lo.pp):
         yield V("B01", f"the interleaved pipeline (PP {lo.pp}, VPP {lo.vpp}) needs a multiple of PP micro-batches "
                 f"per step, got {m} (global batch {gbs} / (micro batch {mbs} x DP {lo.dp}))",
                 f"train.global_batch_size={unit * lo.pp * max(1, -(-m // lo.pp))} (or null for micro batch x world size)",
-                train__global_batch_size=t.global_batch_size, parallel__pipeline_model_parallel_size=lo.pp)
+                train__global_batch_size=c.cfg.train.global_batch_size, parallel__pipeline_model_parallel_size=lo.pp)
 
 
 @rule(reads="fixed")

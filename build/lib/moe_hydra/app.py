@@ -1,0 +1,279 @@
+"""``python -m moe_hydra``: compose -> validate -> plan -> (stage=run) launch the job.
+
+Bad input ends here with one message that names the override to change, exit code 2, no
+traceback, and nothing launched. A job that starts and fails exits 1. In a multirun, invalid
+points are reported and skipped, the valid ones proceed, and the exit code at the end says whether
+any point failed (1) or was refused (2).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import traceback
+from pathlib import Path
+from typing import NoReturn
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import JobReturn
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from moe_hydra import cli
+from moe_hydra.core import env, io
+from moe_hydra.core.resolved import Resolved, resolve
+from moe_hydra.core.schema import CONF_PACKAGE, Stage, register_configs
+from moe_hydra.launch import local, slurm
+from moe_hydra.launch import state as sweep
+from moe_hydra.planning import plan
+from moe_hydra.core.violations import LayoutError
+
+log = logging.getLogger("moe_hydra")
+
+EXIT_FAILED = 1  # a job started and failed
+EXIT_INVALID = 2  # refused before anything started
+
+
+class Outcomes(Callback):
+    """Hydra callback (``hydra.callbacks.outcomes`` in conf/config.yaml): reads every point's JobReturn and
+    ends the command with the exit code they add up to, listing the points that did not complete.
+
+    Local points reach it from Hydra's own ``run_job``; points the Slurm launcher or the layout sweeper
+    settled are handed to it by them through ``hydra_context.callbacks``."""
+
+    def __init__(self) -> None:
+        self.outcomes: list[tuple[str, str]] = []  # (point, state) in sweep.json's vocabulary
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs) -> None:
+        num = OmegaConf.select(config, "hydra.job.num", default=None)
+        overrides = " ".join(job_return.overrides or []) or "(defaults)"
+        multirun = OmegaConf.select(config, "hydra.mode", default=None) == RunMode.MULTIRUN
+        name = f"#{num} {overrides}" if multirun and (num or 0) >= 0 else overrides
+        self.outcomes.append((name, sweep.state_of(job_return)))
+        error = job_return._return_value
+        if isinstance(error, BaseException) and not isinstance(error, (sweep.Refused, sweep.Failed)):
+            # not a refusal or a failed job the point reported: a bug, shown whole
+            print(f"moe_hydra: {name} raised\n" + "".join(traceback.format_exception(error)), file=sys.stderr)
+
+    def on_run_end(self, config: DictConfig, **kwargs) -> None:
+        self._exit()
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        self._exit()
+
+    def _exit(self) -> None:
+        failed = [name for name, state in self.outcomes if state not in (*sweep.OK_STATES, "PLANNED", "INVALID")]
+        invalid = [name for name, state in self.outcomes if state == "INVALID"]
+        if (failed or invalid) and len(self.outcomes) > 1:
+            print(f"moe_hydra: {len(failed) + len(invalid)} of {len(self.outcomes)} points did not complete:\n  "
+                  + "\n  ".join([f"{p} (refused)" for p in invalid] + [f"{p} (failed)" for p in failed]),
+                  file=sys.stderr)
+        if failed or invalid:
+            sys.exit(EXIT_FAILED if failed else EXIT_INVALID)
+
+
+def _sweep_context() -> tuple[list[str], str | None]:
+    """(override keys swept by the current multirun, a name for the sweep); ([], None) for one run.
+
+    Read from the sweep directory's multirun.yaml, which Hydra writes before any point starts.
+    """
+    hc = HydraConfig.get()
+    if hc.mode.name != "MULTIRUN":
+        return [], None
+    sweep_dir = Path(hc.sweep.dir)
+    swept: list[str] = []
+    multirun = sweep_dir / "multirun.yaml"
+    if multirun.exists():
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        mr = OmegaConf.load(multirun)
+        task = OmegaConf.to_container(mr.hydra.overrides.task)
+        for o in OverridesParser.create().parse_overrides(task):
+            if o.is_sweep_override():
+                swept.append(o.key_or_group)
+                if o.key_or_group == "experiment":  # what the swept experiments set varies too
+                    hydra_overrides = OmegaConf.to_container(mr.hydra.overrides.hydra)
+                    swept += _keys_set_by("experiment", [str(v) for v in o.sweep_string_iterator()],
+                                          task + hydra_overrides)
+        swept += [k for k in (OmegaConf.select(mr, "hydra.sweeper.params") or {}) if k not in swept]
+    return swept, f"{sweep_dir.parent.name}_{sweep_dir.name}"
+
+
+def _keys_set_by(group: str, options: list[str], overrides: list[str]) -> list[str]:
+    """Dotted keys and groups that the options of ``group`` set (from their YAML files, found in
+    ``conf/`` and any ``hydra.searchpath`` directory): e.g. the layout search's generated experiments."""
+    keys: list[str] = []
+    for option in options:
+        for root in cli.config_roots(cli.search_path(overrides)):
+            path = Path(root) / group / f"{option}.yaml"
+            if not path.exists():
+                continue
+            node = OmegaConf.to_container(OmegaConf.load(path))
+            for entry in node.pop("defaults", None) or []:
+                if isinstance(entry, dict):
+                    keys += [k.split("/")[-1] for k in entry]
+            stack = [("", node)]
+            while stack:
+                prefix, sub = stack.pop()
+                for k, v in sub.items():
+                    if k == "hydra":
+                        continue
+                    if isinstance(v, dict):
+                        stack.append((f"{prefix}{k}.", v))
+                    else:
+                        keys.append(f"{prefix}{k}")
+            break
+    # a layout swept by any of its sizes is the layout swept (DP, EDP follow from them)
+    return list(dict.fromkeys("parallel" if k.startswith("parallel.") else k for k in keys))
+
+
+def _tracking(p: dict, swept: list[str], sweep_name: str | None, obj) -> dict:
+    """W&B group (the comparison) and job_type (the arm)."""
+    task = HydraConfig.get().overrides.task
+    arm = " ".join(o.lstrip("+") for o in task if o.lstrip("+").split("=", 1)[0] in swept)
+    group = obj.logger.group or (f"{sweep_name}-{p['contract_hash'][:8]}" if sweep_name else p["contract_hash"])
+    return {"group": group, "job_type": arm or "run", "swept": swept}
+
+
+def _point_name() -> str:
+    hc = HydraConfig.get()
+    overrides = " ".join(hc.overrides.task) or "(defaults)"
+    return f"#{hc.job.num} {overrides}" if hc.mode.name == "MULTIRUN" else overrides
+
+
+def _refuse(message: str) -> NoReturn:
+    """Refuse this point: the message, then :class:`~moe_hydra.launch.state.Refused` as its JobReturn's value."""
+    print(f"moe_hydra: {message}", file=sys.stderr, flush=True)
+    raise sweep.Refused(message)
+
+
+def run_point(cfg: DictConfig) -> str:
+    """One point of a run or sweep: its state (PLANNED, COMPLETED), the value of its JobReturn.
+
+    compose (Hydra) -> resolve (the one resolved plan) -> the plan (rules, counts, estimate) -> for stage=run,
+    admission (the rules, the memory estimate and this machine, every refusal at once) -> the job.
+
+    Raises:
+        Refused: the point was refused before anything started (the message is printed).
+        Failed: the point started and failed.
+    """
+    out_dir = Path(HydraConfig.get().runtime.output_dir)
+    obj = OmegaConf.to_object(cfg)
+    swept, sweep_name = _sweep_context()
+    snapshot = env.snapshot()
+    rank = slurm.slurm_rank()
+    # stage=run builds on this machine (or this node of a Slurm job): what it will build is detected here
+    here = obj.stage is Stage.run and (rank is not None or obj.launcher.name == "local")
+    r = p = None
+    try:
+        r = resolve(obj, local.implementation(obj) if here else None)
+        p = plan.make_plan(r, swept, snapshot)
+        refused = []
+    except LayoutError as e:
+        refused = e.violations
+    if here and r is not None:  # admission: the memory verdict and this machine join the rules' refusals
+        too_big = plan.unfit(obj, p) if p else None
+        refused += [too_big] * bool(too_big) + local.machine(r, inside_allocation=rank is not None)
+    if refused:
+        refusal = LayoutError(refused, _point_name())
+        if rank in (None, 0):
+            io.write_json(refusal.record(), out_dir / "violations.json")
+        _refuse(refusal.report())
+    p["tracking"] = _tracking(p, swept, sweep_name, obj)
+    if rank is not None:  # one task of a Slurm job: this process is one rank
+        return _run_slurm_task(cfg, obj, r, p, out_dir, rank, snapshot)
+    io.write_json(p, out_dir / "plan.json")
+    io.write_json(snapshot, out_dir / "env.json")
+    io.console().print(plan.render(p))
+    log.info("plan written to %s", out_dir / "plan.json")
+    if obj.stage is Stage.run:
+        return _run_job(cfg, r, p, out_dir, snapshot)
+    if obj.stage is Stage.fit:
+        return _run_fit(cfg, r, p, out_dir)
+    return "PLANNED"
+
+
+def _run_fit(cfg: DictConfig, r: Resolved, p: dict, out_dir: Path) -> str:
+    """stage=fit: build the chosen ranks on the fake process group; the estimator must agree exactly."""
+    from moe_hydra.job import fit
+
+    config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    report = fit.run(r, config, p, out_dir)
+    io.console().print(fit.render(report))
+    for note in report["notes"]:
+        print(f"note: {note}")
+    if report["refused"]:
+        _refuse("Megatron-Core refuses this layout:\n  " + "\n  ".join(sorted(set(report["refused"])))
+                + f"\n  (build logs in {out_dir / 'fit'})")
+    if not report["agree"]:
+        bad = [r["rank"] for r in report["ranks"] if not r["agree"]]
+        message = (f"MISMATCH between the estimator and the build on ranks {bad}: a bug in moe_hydra.core.params; "
+                   f"see {out_dir / 'fit.json'}")
+        print(f"moe_hydra: {message}", file=sys.stderr, flush=True)
+        raise sweep.Failed(message)
+    print(f"moe_hydra: the estimator and Megatron-Core's build agree exactly on {len(report['ranks'])} ranks "
+          f"(pipeline ranks {', '.join(str(r['pp_rank']) for r in report['ranks'])})  ({out_dir / 'fit.json'})",
+          flush=True)
+    return "COMPLETED"
+
+
+def _run_slurm_task(cfg: DictConfig, obj, r: Resolved, p: dict, out_dir: Path, rank: int, snapshot: dict) -> str:
+    """Inside a Slurm job: rank 0 owns the output directory; every rank trains. Failures raise, so
+    Hydra and submitit record them for the launcher that waits on this job."""
+    from moe_hydra.job.train import worker
+
+    if rank == 0:
+        io.write_json(p, out_dir / "plan.json")
+        io.write_json(snapshot, out_dir / "env.json")
+    if obj.stage is Stage.fit and rank == 0:  # the fit builds its ranks as processes of its own
+        return _run_fit(cfg, r, p, out_dir)
+    if obj.stage is not Stage.run:
+        return "PLANNED"
+    slurm.task_environment()
+    worker(_job_spec(cfg, r, p, out_dir, snapshot))
+    return "COMPLETED"
+
+
+def _job_spec(cfg: DictConfig, r: Resolved, p: dict, out_dir: Path, snapshot: dict) -> dict:
+    """What every rank of the job receives: the resolved plan, the plan's record, the config (for W&B), where to
+    write."""
+    return {"resolved": r, "plan": p, "config": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+            "out_dir": str(out_dir), "env": snapshot}
+
+
+def _run_job(cfg: DictConfig, r: Resolved, p: dict, out_dir: Path, snapshot: dict) -> str:
+    """stage=run: start the ranks (the machine was checked), report the measured run."""
+    try:
+        results = local.launch_local(_job_spec(cfg, r, p, out_dir, snapshot), r.layout.world_size, out_dir)
+    except local.JobFailed as e:
+        print(f"moe_hydra: {e}", file=sys.stderr, flush=True)
+        raise sweep.Failed(str(e)) from None
+    loss = results["loss"]
+    print(f"moe_hydra: {results['steps']} steps, window {results['window']}: step {results['step_time_ms']:.1f} ms, "
+          f"{results['tokens_per_s_per_gpu']:.1f} tokens/s/GPU, {results['tflops_per_gpu']:.4f} TFLOP/s/GPU, "
+          f"loss {loss['first']:.3f} -> {loss['last']:.3f}  ({out_dir / 'results.json'})", flush=True)
+    return "COMPLETED"
+
+
+@hydra.main(config_path=f"pkg://{CONF_PACKAGE}", config_name="config", version_base="1.3")
+def _hydra_app(cfg: DictConfig) -> str:
+    return run_point(cfg)
+
+
+def main() -> None:
+    """``python -m moe_hydra`` and ``moe-hydra``: check the overrides, then hand the command to Hydra. The
+    exit code comes from the points' JobReturns (:class:`Outcomes`)."""
+    from moe_hydra.launch import layout_sweeper, points
+
+    register_configs()
+    slurm.register()
+    layout_sweeper.register()
+    points.register()
+    sys.argv[1:] = args = cli.normalize(sys.argv[1:])
+    problems = cli.check_overrides(args)
+    if problems:
+        print("moe_hydra: " + "\n  ".join(problems), file=sys.stderr)
+        sys.exit(EXIT_INVALID)
+    _hydra_app()

@@ -1,0 +1,36 @@
+"""Files and the console, as every layer writes and reads them: JSON written atomically, read forgivingly,
+and one rich console. Standard library (rich is imported when a console is asked for)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def write_json(data: dict[str, Any], path: Path, indent: int | None = 2) -> None:
+    """Write ``data`` atomically (a reader never sees half a file); ``indent=None`` for large files."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=indent, default=str, separators=None if indent else (",", ":"))
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON file, or None when it is missing, truncated or not JSON."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def console():
+    """A rich console; wide when the output is not a terminal (logs, CI), so tables stay readable."""
+    from rich.console import Console
+
+    c = Console()
+    return c if c.is_terminal else Console(width=160)

@@ -1,0 +1,76 @@
+"""Command-line overrides, written and read in Hydra's own grammar: the one codec every part uses.
+
+:func:`text` writes a value as Hydra's parser reads it back (``null``, ``true``, ``[a,b]``, quoted strings);
+:func:`apply` reads overrides with Hydra's ``OverridesParser`` and applies them to a typed config the way a
+command line would (``group=option`` merges ``conf/<group>/<option>.yaml``, ``a.b=value`` sets a key);
+:func:`tree` turns key overrides into the nested mapping an experiment file holds.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from typing import Any
+
+_PLAIN = re.compile(r"^[A-Za-z0-9_./+\-:]+$")  # a string Hydra reads back as itself, unquoted
+
+
+def text(v: Any) -> str:
+    """``v`` as override text that Hydra's grammar parses back to ``v``."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(text(x) for x in v) + "]"
+    v = getattr(v, "value", v)  # enums by value
+    if isinstance(v, str) and not (_PLAIN.match(v) and v not in ("null", "true", "false")):
+        return "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return str(v)
+
+
+def override(key: str, v: Any) -> str:
+    return f"{key}={text(v)}"
+
+
+def parse(overrides: list[str]) -> list:
+    """Hydra's parse of ``overrides`` (``hydra.core.override_parser.types.Override`` objects)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create().parse_overrides(list(overrides))
+
+
+def preset(group: str, option: str, node: Any) -> Any:
+    """``conf/<group>/<option>.yaml`` applied over ``node`` (a typed config node), as choosing it on the command
+    line would."""
+    from omegaconf import OmegaConf
+
+    from moe_hydra.core.schema import conf_dir
+
+    merged = OmegaConf.merge(OmegaConf.structured(node), OmegaConf.load(conf_dir() / group / f"{option}.yaml"))
+    return OmegaConf.to_object(merged)
+
+
+def apply(cfg: Any, overrides: list[str]) -> Any:
+    """A copy of the typed config ``cfg`` with ``overrides`` applied (``group=option`` or ``section.key=value``)."""
+    from omegaconf import OmegaConf
+
+    for o in parse(overrides):
+        key, value = o.key_or_group, o.value()
+        if "." not in key:
+            cfg = replace(cfg, **{key: preset(key, value, getattr(cfg, key))})
+            continue
+        section, path = key.split(".", 1)
+        node = OmegaConf.structured(getattr(cfg, section))
+        OmegaConf.update(node, path, value, merge=False)
+        cfg = replace(cfg, **{section: OmegaConf.to_object(node)})
+    return cfg
+
+
+def tree(overrides: list[str]) -> dict[str, Any]:
+    """The key overrides (``a.b=value``) as a nested mapping, values as Hydra parses them."""
+    from omegaconf import OmegaConf
+
+    keys = [o for o in parse(overrides) if "." in o.key_or_group]
+    dotlist = [f"{o.key_or_group}={text(o.value())}" for o in keys]
+    return OmegaConf.to_container(OmegaConf.from_dotlist(dotlist))

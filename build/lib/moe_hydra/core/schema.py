@@ -1,0 +1,450 @@
+"""The typed schema of a moe_hydra run: one dataclass per config group, Megatron-Core field names.
+
+Values live in ``conf/<group>/*.yaml``; this module says what may be set and what each field means.
+Hydra validates every composed config against these classes, so a misspelt key or a wrong type fails
+at compose time, before anything is planned or launched.
+
+Where each node goes:
+
+- ``model``      architecture (``conf/model``), read by :mod:`moe_hydra.core.arch`, :mod:`moe_hydra.core.flops`,
+  :mod:`moe_hydra.core.params`.
+- ``hardware``   topology and peaks (``conf/hardware``).
+- ``precision``  compute precision recipe (``conf/precision``).
+- ``parallel``   both meshes; written by the ``attention_mesh``, ``expert_mesh`` and ``mesh`` groups.
+  DP and EDP are derived (:class:`moe_hydra.core.layout.Layout`), never set.
+- ``recompute``, ``offload``, ``dispatcher``, ``routing``: one group each.
+- ``kernels``, ``overlap``, ``optimizer``, ``train``, ``data``, ``contract``: plain nodes, overridden by key.
+- ``launcher``, ``logger``: where and how a run is executed and recorded.
+
+Pure module: imports only the standard library and omegaconf.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import os
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from omegaconf import II, MISSING
+
+# The configs: conf/ at the top of the repository, installed as this package (pyproject.toml maps it).
+CONF_PACKAGE = "moe_hydra.conf"
+# A cluster's own settings: <dir>/site/default.yaml joins the search path (hydra_plugins.moe_hydra_site).
+SITE_ENV = "MOE_HYDRA_SITE"
+
+
+def conf_dir() -> Path:
+    """Where the configs are on this machine (the repository's conf/, or the installed package's)."""
+    return Path(str(importlib.resources.files(CONF_PACKAGE)))
+
+
+def site_dir() -> Path | None:
+    """The site directory ``MOE_HYDRA_SITE`` names, or None."""
+    site = os.environ.get(SITE_ENV)
+    return Path(site).resolve() if site else None
+
+
+class Stage(str, Enum):
+    """What ``python -m moe_hydra`` does with the composed config."""
+
+    plan = "plan"  # validate, count, estimate; write plan.json; start nothing
+    fit = "fit"  # plan, then build pipeline ranks of the layout with Megatron-Core on a fake process group
+    run = "run"  # plan, then train and measure
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelConfig:
+    """A decoder-only MoE transformer, in Megatron-Core ``TransformerConfig`` names."""
+
+    name: str = MISSING
+    num_layers: int = MISSING
+    hidden_size: int = MISSING
+    # Dense MLP width, used by the layers that ``moe_layer_freq`` marks dense.
+    ffn_hidden_size: int = MISSING
+    num_attention_heads: int = MISSING
+    # GQA groups; null means MHA (= num_attention_heads).
+    num_query_groups: Optional[int] = None
+    # Per-head dimension; null means hidden_size / num_attention_heads.
+    kv_channels: Optional[int] = None
+    # Vocabulary before padding. Megatron pads it to a multiple of make_vocab_size_divisible_by x TP.
+    vocab_size: int = MISSING
+    make_vocab_size_divisible_by: int = 128
+    max_position_embeddings: int = 4096
+    # The sequence length this preset is benchmarked at; train.seq_length defaults to it.
+    seq_length: int = 4096
+    # The global batch (sequences) of the model's published performance recipe; train.global_batch_size
+    # defaults to it. null: none published (the batch is then micro batch x world size).
+    global_batch_size: Optional[int] = None
+    normalization: str = "RMSNorm"  # RMSNorm | LayerNorm
+    # SwiGLU when true (activation silu): three h x f matrices per MLP instead of two.
+    gated_linear_unit: bool = True
+    add_bias_linear: bool = False
+    add_qkv_bias: bool = False
+    qk_layernorm: bool = False
+    untie_embeddings_and_output_weights: bool = True
+    position_embedding_type: str = "rope"
+    rotary_base: int = 10000
+    # Sliding-window attention (window_size=[left,right]) on every window_attn_skip_freq-th layer.
+    window_size: Optional[List[int]] = None
+    window_attn_skip_freq: Optional[int] = None
+
+    # --- MoE -------------------------------------------------------------------------------
+    num_moe_experts: Optional[int] = None
+    # Per-expert FFN width; null means ffn_hidden_size.
+    moe_ffn_hidden_size: Optional[int] = None
+    moe_router_topk: int = 2
+    # Total width of the shared experts (count x per-expert width); null = none.
+    moe_shared_expert_intermediate_size: Optional[int] = None
+    moe_shared_expert_gate: bool = False
+    # Which layers are MoE: an int N (every N-th layer, layer 0 included), a 0/1 list of length
+    # num_layers, or Megatron's compact string such as "[0]*3+[1]*58".
+    moe_layer_freq: Any = 1
+    moe_router_score_function: str = "softmax"  # softmax | sigmoid
+    moe_router_pre_softmax: bool = False
+    moe_router_num_groups: Optional[int] = None
+    moe_router_group_topk: Optional[int] = None
+    moe_router_topk_scaling_factor: Optional[float] = None
+    moe_router_enable_expert_bias: bool = False
+    moe_router_load_balancing_type: str = "aux_loss"  # aux_loss | seq_aux_loss | none | ...
+    moe_aux_loss_coeff: float = 0.0
+
+    # --- Multi-latent attention (DeepSeek) -------------------------------------------------
+    multi_latent_attention: bool = False
+    q_lora_rank: Optional[int] = None
+    kv_lora_rank: int = 512
+    qk_head_dim: int = 128
+    qk_pos_emb_head_dim: int = 64
+    v_head_dim: int = 128
+
+    # Multi-token prediction blocks (DeepSeek-V3: 1); null = none.
+    mtp_num_layers: Optional[int] = None
+
+
+@dataclass(kw_only=True, slots=True)
+class HardwareConfig:
+    """Where the ranks run. World size = nodes x devices_per_node."""
+
+    name: str = MISSING
+    # Device family; decides which precisions and kernels exist: cpu | hopper | blackwell.
+    arch: str = MISSING
+    device: str = MISSING
+    nodes: int = 1
+    # GPUs per node (processes per node for local_cpu).
+    devices_per_node: int = MISSING
+    # GPUs Slurm allocates per node: devices_per_node on GPU presets, null on CPU.
+    gpus_per_node: Optional[int] = None
+    # Devices that share one NVLink domain (8 on HGX, 72 on NVL72). EP x TP should stay inside it.
+    nvlink_domain_size: int = 1
+    # Device memory per rank in GiB; null = unknown (CPU).
+    memory_gib: Optional[float] = None
+    hbm_bandwidth_tb_s: Optional[float] = None
+    # Dense (no 2:4 sparsity) peak TFLOP/s per device by compute precision; null = unknown.
+    peak_tflops_bf16: Optional[float] = None
+    peak_tflops_fp8: Optional[float] = None
+    peak_tflops_fp4: Optional[float] = None
+    # Bidirectional NVLink bandwidth per device, GB/s.
+    nvlink_bandwidth_gb_s: Optional[float] = None
+    # Scale-out (NIC) bandwidth per device, GB/s.
+    scaleout_bandwidth_gb_s: Optional[float] = None
+    # The software stack the planner assumes on this platform: Transformer Engine present (TE layers, flash
+    # attention, grouped experts, fused Adam) or not (the local spec: unfused attention, sequential experts,
+    # torch's Adam). stage=run detects it on the machine instead (moe_hydra.core.resolved.Implementation).
+    transformer_engine: bool = False
+    # The flex dispatcher preset (conf/dispatcher) the workflow tries first on this platform: deepep on
+    # NVL8, hybridep on NVL72 (workflow.md §7). The layout search tries it with every layout; null: none.
+    flex_dispatcher: Optional[str] = None
+    # Run-to-run noise of the mean step time, relative: what two runs of one config may differ by. compare
+    # calls a one-run-per-arm difference only beyond it (repeated arms measure it instead). Calibrate with
+    # benchmarks/decision_quality.py.
+    run_to_run_noise: float = 0.02
+
+
+@dataclass(kw_only=True, slots=True)
+class PrecisionConfig:
+    """Compute precision. fp8/fp4 recipes run through Transformer Engine on top of bf16 params."""
+
+    name: str = MISSING
+    params_dtype: str = "bf16"  # bf16 | fp16 | fp32
+    fp8: Optional[str] = None  # e4m3 | hybrid
+    fp8_recipe: Optional[str] = None  # tensorwise | delayed | blockwise | mxfp8
+    fp4: Optional[str] = None  # e2m1
+    fp4_recipe: Optional[str] = None  # nvfp4
+
+
+@dataclass(kw_only=True, slots=True)
+class ParallelConfig:
+    """Both meshes of Parallel Folding, sharing PP.
+
+    attention mesh: world = TP x CP x DP x PP       expert mesh: world = ETP x EP x EDP x PP
+    DP and EDP are derived by :class:`moe_hydra.core.layout.Layout`.
+    """
+
+    tensor_model_parallel_size: int = 1
+    context_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    # Model chunks per pipeline rank (interleaved 1F1B); null = not interleaved.
+    virtual_pipeline_model_parallel_size: Optional[int] = None
+    # Stage string such as "Et|(tt|)*30mL" (E embedding, t layer, m MTP, L loss, | stage boundary).
+    pipeline_model_parallel_layout: Optional[str] = None
+    num_layers_in_first_pipeline_stage: Optional[int] = None
+    num_layers_in_last_pipeline_stage: Optional[int] = None
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+    sequence_parallel: bool = False
+    cp_comm_type: str = "p2p"  # p2p | all_gather | a2a | a2a+p2p
+    hierarchical_context_parallel_sizes: Optional[List[int]] = None
+    expert_model_parallel_size: int = 1
+    # null = tensor_model_parallel_size (Megatron's default); 1 is the usual choice.
+    expert_tensor_parallel_size: Optional[int] = None
+    # Rank order tp-cp-ep-pp-dp instead of the default tp-cp-ep-dp-pp.
+    use_tp_pp_dp_mapping: bool = False
+
+
+@dataclass(kw_only=True, slots=True)
+class RecomputeConfig:
+    name: str = MISSING
+    recompute_granularity: Optional[str] = None  # null | selective | full
+    recompute_method: Optional[str] = None  # uniform | block (full only)
+    recompute_num_layers: Optional[int] = None  # full only
+    # Selective only: core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts.
+    recompute_modules: Optional[List[str]] = None
+
+
+@dataclass(kw_only=True, slots=True)
+class OffloadConfig:
+    name: str = MISSING
+    fine_grained_activation_offloading: bool = False
+    # attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm, expert_fc1, moe_act.
+    offload_modules: List[str] = field(default_factory=list)
+    optimizer_cpu_offload: bool = False
+    # Fraction of the optimizer state kept on the CPU, 0..1.
+    optimizer_offload_fraction: float = 0.0
+
+
+@dataclass(kw_only=True, slots=True)
+class DispatcherConfig:
+    name: str = MISSING
+    moe_token_dispatcher_type: str = MISSING  # allgather | alltoall | flex
+    # flex only: deepep | hybridep.
+    moe_flex_dispatcher_backend: Optional[str] = None
+    # SMs given to the flex kernels; mapped to the installed megatron-core's field names by
+    # moe_hydra.core.versions (moe_deepep_num_sms / moe_hybridep_num_sms / moe_flex_dispatcher_num_sms).
+    num_sms: Optional[int] = None
+
+
+@dataclass(kw_only=True, slots=True)
+class RoutingConfig:
+    """Routing semantics. Anything but natural dropless routing makes a run benchmark-only."""
+
+    name: str = MISSING
+    moe_router_force_load_balancing: bool = False
+    # null = dropless; a value enables token drop at that capacity.
+    moe_expert_capacity_factor: Optional[float] = None
+    moe_pad_expert_input_to_capacity: bool = False
+    moe_token_drop_policy: str = "probs"
+    moe_router_dtype: Optional[str] = "fp32"
+    moe_router_padding_for_quantization: bool = False
+
+
+@dataclass(kw_only=True, slots=True)
+class KernelsConfig:
+    moe_grouped_gemm: bool = False
+    moe_permute_fusion: bool = False
+    moe_router_fusion: bool = False
+    cuda_graph_impl: str = "none"  # none | local | transformer_engine | full_iteration
+    cuda_graph_scope: List[str] = field(default_factory=list)
+
+
+@dataclass(kw_only=True, slots=True)
+class OverlapConfig:
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    tp_comm_overlap: bool = False
+    # Interleaved-PP send/recv overlap; batch_p2p_comm = not overlap_p2p_comm.
+    overlap_p2p_comm: bool = True
+    overlap_moe_expert_parallel_comm: bool = False
+    delay_wgrad_compute: bool = False
+    moe_shared_expert_overlap: bool = False
+
+
+@dataclass(kw_only=True, slots=True)
+class OptimizerConfig:
+    optimizer: str = "adam"
+    lr: float = 1.0e-4
+    weight_decay: float = 0.01
+    clip_grad: float = 1.0
+    use_distributed_optimizer: bool = True
+    num_distributed_optimizer_instances: int = 1
+    use_precision_aware_optimizer: bool = False
+    # The DDP gradient buffer (accumulation and reduce-scatter) in fp32. Megatron-LM turns it on for bf16
+    # training; Megatron-Core's DDP default and Megatron-Bridge's benchmark mode leave it off (bf16 buffer).
+    grad_reduce_in_fp32: bool = True
+    # Main grads / params and Adam moments of the precision-aware optimizer (fp32 without it).
+    main_grads_dtype: str = "fp32"
+    main_params_dtype: str = "fp32"
+    exp_avg_dtype: str = "fp32"
+    exp_avg_sq_dtype: str = "fp32"
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainConfig:
+    micro_batch_size: int = 1
+    # Defaults to the model preset's published batch. null = micro_batch_size x world size: the same
+    # for every layout of one world size (so layouts compare), and TP x CP x PP micro-batches per
+    # data-parallel rank, enough to fill any pipeline.
+    global_batch_size: Optional[int] = II("model.global_batch_size")
+    seq_length: int = II("model.seq_length")
+    # Steps to run; defaults to the last step of the contract window.
+    train_iters: int = II("contract.window[1]")
+    # Print a metrics line every N steps (rank 0).
+    log_interval: int = 1
+    # Draw every weight from (seed, its global name), so any layout of the model starts from the same
+    # weights and loss curves compare step by step across layouts (moe_hydra.job.weights).
+    layout_invariant_init: bool = True
+    # Raise inside the job at this step: exercises failure reporting end to end (tests, launchers).
+    fail_at_step: Optional[int] = None
+
+
+@dataclass(kw_only=True, slots=True)
+class DataConfig:
+    # mock = synthetic tokens (benchmark-only by definition). Real datasets plug in here.
+    kind: str = "mock"
+    path: Optional[str] = None
+    seed: int = 1234
+
+
+@dataclass(kw_only=True, slots=True)
+class MemoryConfig:
+    """The memory estimate's declared allowances (moe_hydra.planning.memory) and what stage=run does with it."""
+
+    # stage=run refuses a layout whose estimate exceeds hardware.memory_gib; false runs it anyway.
+    refuse_unfit: bool = True
+    # What no estimator sees, declared per rank (GiB): CUDA context and library workspaces,
+    cuda_context_gib: float = 0.75
+    # NCCL communicator buffers (more process groups, more buffers),
+    nccl_gib: float = 1.5
+    # DeepEP / HybridEP buffers (flex dispatcher only),
+    flex_dispatcher_gib: float = 2.0
+    # CUDA-graph pools (kernels.cuda_graph_impl != none; full-iteration graphs can need far more),
+    cuda_graphs_gib: float = 4.0
+    # and caching-allocator fragmentation, as a fraction of the estimate.
+    fragmentation: float = 0.05
+
+
+@dataclass(kw_only=True, slots=True)
+class ContractConfig:
+    """How a run is measured. Steps are 1-based; warmup steps never enter a statistic."""
+
+    warmup_steps: int = 3
+    # Steady window [first, last], inclusive; first > warmup_steps.
+    window: List[int] = field(default_factory=lambda: [4, 10])
+
+
+@dataclass(kw_only=True, slots=True)
+class LauncherConfig:
+    """Where the ranks run. ``local``: processes on this machine. ``slurm``: one Slurm job per point,
+    one task per rank; these fields feed ``hydra.launcher`` (conf/launcher/slurm.yaml)."""
+
+    name: str = MISSING
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    constraint: Optional[str] = None
+    # Wall-clock limit of each point's job, minutes.
+    timeout_min: int = 60
+    cpus_per_task: Optional[int] = None
+    # Memory per node, GB; null = the partition's default.
+    mem_gb: Optional[int] = None
+    # Seconds before the limit that Slurm warns the job (USR2).
+    signal_delay_s: int = 120
+    # Shell lines run in the batch script before srun (modules, environment).
+    setup: List[str] = field(default_factory=list)
+    # Extra srun arguments, e.g. [--container-image=nvcr.io/nvidia/pytorch:25.09-py3, --container-mounts=...].
+    srun_args: List[str] = field(default_factory=list)
+    # Any other #SBATCH option, e.g. {exclusive: true}.
+    additional_parameters: Dict[str, Any] = field(default_factory=dict)
+    # How many points of a sweep may run at once.
+    array_parallelism: int = 256
+
+
+@dataclass(kw_only=True, slots=True)
+class LoggerConfig:
+    name: str = MISSING
+    project: str = "moe_hydra"
+    # online | offline | disabled; null = WANDB_MODE, else offline without WANDB_API_KEY, online with one.
+    mode: Optional[str] = None
+    # The W&B group (the comparison); null = <sweep dir>-<contract_hash>.
+    group: Optional[str] = None
+
+
+@dataclass(kw_only=True, slots=True)
+class StepModelConfig:
+    """The sustained fractions of the hardware's peaks the layout search's step-time model uses
+    (moe_hydra.planning.step_model). Fitted to published H100 measurements (benchmarks/step_model_calibration.py);
+    refit them to your cluster's screening runs."""
+
+    # Priors (not fitted): dense GEMMs (attention projections, dense/shared MLPs, logits), fraction of
+    # the peak FLOP/s;
+    gemm_efficiency: float = 0.7
+    # core (flash) attention, forward + backward;
+    attention_efficiency: float = 0.5
+    # collectives and the all-to-all over the scale-out NIC, fraction of its bandwidth.
+    scaleout_efficiency: float = 0.85
+    # Fitted: rows per expert GEMM at which grouped expert GEMMs run at half the dense GEMM rate;
+    expert_rows_half: float = 2048.0
+    # collectives and the all-to-all inside the NVLink domain, fraction of half the bidirectional bandwidth;
+    nvlink_efficiency: float = 0.36
+    # host time per MoE layer per micro-batch, forward + backward (launches, the dispatcher's syncs).
+    host_ms_per_moe_layer: float = 10.5
+    # Prior (the published rows do not decide it: the overlapped one waits for the host): the fraction of
+    # the all-to-all that EP overlap hides under another micro-batch's compute.
+    ep_overlap_efficiency: float = 0.5
+    # Prior: a dense layer launches about a quarter of a MoE layer's kernels and has no dispatcher sync.
+    host_ms_per_dense_layer: float = 2.5
+
+
+@dataclass(kw_only=True, slots=True)
+class Config:
+    """The root: what ``python -m moe_hydra`` composes."""
+
+    stage: Stage = Stage.run
+    seed: int = 1234
+    # Repeat index: sweep it (repeat=0,1,2) to run an arm several times; not part of the contract.
+    repeat: int = 0
+    tags: List[str] = field(default_factory=list)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
+    dispatcher: DispatcherConfig = field(default_factory=DispatcherConfig)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    kernels: KernelsConfig = field(default_factory=KernelsConfig)
+    overlap: OverlapConfig = field(default_factory=OverlapConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    contract: ContractConfig = field(default_factory=ContractConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    step_model: StepModelConfig = field(default_factory=StepModelConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+
+
+def typed(cfg: Any) -> Config:
+    """A composed config (a DictConfig, its ``hydra`` node left out) as these dataclasses."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config),
+                                               OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])))
+
+
+def register_configs() -> None:
+    """Register the root schema as ``base_config``; ``conf/config.yaml`` extends it."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="base_config", node=Config)

@@ -1,0 +1,56 @@
+"""A broken rule and the error that carries every broken rule of a config at once.
+
+Shared by the resolved plan (sizes that are not positive) and the legality rules (moe_hydra.planning.rules).
+Pure: standard library only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    rule: str
+    message: str  # what broke, with the values and the arithmetic
+    fields: tuple[tuple[str, Any], ...]  # (dotted path, value) of every field involved
+    fix: str  # an override (or a choice of overrides) that makes the rule hold
+
+    def render(self) -> str:
+        where = "  ".join(f"{k}={fmt(v)}" for k, v in self.fields)
+        return f"[{self.rule}] {self.message}\n        {where}\n        fix: {self.fix}"
+
+
+def fmt(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(fmt(x) for x in v) + "]"
+    return str(getattr(v, "value", v))
+
+
+class LayoutError(ValueError):
+    """The composed config breaks one or more rules. ``violations`` holds all of them."""
+
+    def __init__(self, violations: list[Violation], subject: str = "this config"):
+        self.violations = violations
+        self.subject = subject
+        super().__init__(self.report())
+
+    def record(self) -> dict[str, Any]:
+        """What ``violations.json`` holds."""
+        return {"stage": "plan", "status": "invalid", "violations": [
+            {"rule": v.rule, "message": v.message, "fields": dict(v.fields), "fix": v.fix} for v in self.violations]}
+
+    def report(self) -> str:
+        n = len(self.violations)
+        head = f"{n} layout violation{'s' if n > 1 else ''} for {self.subject}; nothing was launched."
+        return "\n".join([head] + ["  " + v.render() for v in self.violations])
+
+
+def V(rule_id: str, message: str, fix: str, **fields: Any) -> Violation:
+    """A violation; ``fields`` are dotted paths written with ``__`` for ``.``."""
+    return Violation(rule_id, message, tuple((k.replace("__", "."), v) for k, v in fields.items()), fix)

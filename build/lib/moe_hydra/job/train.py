@@ -1,0 +1,485 @@
+"""The job: build the composed MoE with Megatron-Core, train it, and measure it.
+
+Every rank runs :func:`worker` (the local launcher spawns them; on Slurm each task is one). The
+job is the one place that imports torch and megatron. Rank 0 alone writes ``results.json``.
+
+Per step: all ranks meet at a barrier, then the step (forward/backward through Megatron's
+pipeline schedule, the optimizer step) is timed on each rank — monotonic clock on the CPU, CUDA
+events plus the host clock on a GPU — and the step's time is the slowest rank's. Warmup steps are
+run and recorded but never enter a statistic; the steady window is ``contract.window``.
+
+``results.json`` (the job's part; the plan's fields are merged in):
+    status                 ok | failed (with error)
+    steps, window, warmup_steps, step_times_ms, step_time_ms, step_time_counter
+    host_times_ms, device_times_ms, host_time_ms, device_time_ms
+    tokens_per_s_per_gpu, tflops_per_gpu, flops_per_token, flops_counter, mfu, peak_tflops
+    peak_memory_gib, memory_counter, memory_vs_estimate (GPU: the plan's estimate against max allocated)
+    loss                   first, last, per_step, all_finite, nan_or_skipped
+    evidence               facts read from the built model and optimizer, not from the config
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import resource
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+
+from moe_hydra.core import metrics
+from moe_hydra.core.io import write_json
+from moe_hydra.core.resolved import Resolved
+from moe_hydra.core.versions import mcore_facts
+
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def worker(spec: dict[str, Any]) -> dict[str, Any] | None:
+    """Entry point of every rank. ``spec``: ``resolved`` (the :class:`~moe_hydra.core.resolved.Resolved` plan
+    this job builds), ``plan`` (plan.json's record), ``config`` (the composed config, plain, for W&B),
+    ``out_dir``, ``env``.
+
+    The distributed environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+    MASTER_PORT) comes from the launcher. Returns the results on rank 0, None elsewhere.
+    """
+    r: Resolved = spec["resolved"]
+    out_dir = Path(spec["out_dir"])
+    rank = int(os.environ.get("RANK", "0"))
+    _warnings_to_file(out_dir / "ranks" / f"warnings.rank{rank}.log")
+    results = None
+    try:
+        results = Job(r, spec["plan"], spec.get("env")).run(out_dir)
+        return results
+    except BaseException as e:
+        if rank == 0:
+            results = {**spec["plan"], "stage": "run", "status": "failed", "error": f"{type(e).__name__}: {e}",
+                       "traceback": traceback.format_exc()[-4000:]}
+            write_json(results, out_dir / "results.json")
+        raise
+    finally:
+        if rank == 0 and results is not None:
+            from moe_hydra.job import tracking
+
+            tracking.log_run(spec["config"], results, out_dir, spec["plan"]["tracking"], r.cfg.logger)
+
+
+def _warnings_to_file(path: Path) -> None:
+    """Python warnings (Megatron's fallbacks to non-fused kernels, deprecations) go to one file per
+    rank instead of the console: kept, not muted, and out of the metric lines."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = logging.getLogger("py.warnings")
+    logger.addHandler(handler)
+    logger.propagate = False
+    logging.captureWarnings(True)
+
+
+class Job:
+    """One rank of the job: :meth:`run` trains and measures. ``stage=fit`` (moe_hydra.job.fit) reuses the setup
+    steps — :meth:`init_model_parallel`, :meth:`transformer_config`, :meth:`build_model` — on a fake
+    process group."""
+
+    def __init__(self, r: Resolved, plan: dict[str, Any], env_snapshot: dict[str, Any] | None = None):
+        self.r, self.cfg, self.plan, self.env_snapshot = r, r.cfg, plan, env_snapshot
+
+    # ------------------------------------------------------------------ setup
+
+    def _init_distributed(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        from moe_hydra.job import compat
+
+        self.shims = compat.apply()
+        self.on_gpu = torch.cuda.is_available()
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if self.on_gpu:
+            torch.cuda.set_device(self.local_rank)
+        else:
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if self.on_gpu else "gloo")
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.device = torch.device("cuda", self.local_rank) if self.on_gpu else torch.device("cpu")
+        self.init_model_parallel()
+
+    def init_model_parallel(self, **extra) -> None:
+        """Both meshes' process groups (``extra``: e.g. ``create_gloo_process_groups=False`` for stage=fit)."""
+        from megatron.core import parallel_state as ps
+
+        p, lo = self.cfg.parallel, self.r.layout
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=lo.tp,
+            pipeline_model_parallel_size=lo.pp,
+            virtual_pipeline_model_parallel_size=lo.vpp,
+            context_parallel_size=lo.cp,
+            hierarchical_context_parallel_sizes=p.hierarchical_context_parallel_sizes,
+            expert_model_parallel_size=lo.ep,
+            expert_tensor_parallel_size=lo.etp,
+            num_distributed_optimizer_instances=self.cfg.optimizer.num_distributed_optimizer_instances,
+            order="tp-cp-ep-pp-dp" if p.use_tp_pp_dp_mapping else "tp-cp-ep-dp-pp",
+            **extra,
+        )
+
+    def transformer_config(self):
+        import torch
+        from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+
+        from moe_hydra.job.mcore_args import transformer_config_kwargs
+
+        kw = transformer_config_kwargs(self.r, mcore_facts(), on_gpu=self.on_gpu)
+        for key in ("params_dtype", "pipeline_dtype"):
+            kw[key] = getattr(torch, _DTYPES[kw[key]])
+        kw["activation_func"] = getattr(torch.nn.functional, kw["activation_func"])
+        cls = MLATransformerConfig if kw.get("multi_latent_attention") else TransformerConfig
+        known = {f.name for f in dataclasses.fields(cls)}
+        dropped = {k: v for k, v in kw.items() if k not in known and v not in (None, False)}
+        if dropped:
+            raise ValueError(f"megatron-core {mcore_facts().version} has no field(s) {sorted(dropped)} "
+                             f"that this config sets: {dropped}")
+        return cls(**{k: v for k, v in kw.items() if k in known})
+
+    def build_model(self, tcfg):
+        import torch
+        from megatron.core import parallel_state as ps
+        from megatron.core.models.gpt import GPTModel
+        from megatron.core.models.gpt.gpt_layer_specs import (
+            get_gpt_decoder_block_spec,
+            get_gpt_decoder_layer_specs,
+            get_gpt_mtp_block_spec,
+        )
+        from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+        from megatron.core.transformer.module import Float16Module
+
+        from moe_hydra.job.weights import layout_invariant_init
+
+        m, seed = self.cfg.model, self.cfg.seed
+        torch.manual_seed(seed)
+        model_parallel_cuda_manual_seed(seed)
+        use_te = self.r.impl.te
+        vpp = self.r.layout.vpp or 1
+        chunks, self.redrawn = [], 0
+        last_layer = get_gpt_decoder_layer_specs(tcfg, use_te, normalization=m.normalization)[-1]
+        for stage in range(vpp):
+            vp = stage if vpp > 1 else None
+            block = get_gpt_decoder_block_spec(tcfg, use_transformer_engine=use_te, normalization=m.normalization,
+                                               vp_stage=vp)
+            # MTP blocks take the last decoder layer's type, whichever chunk they sit in (it may hold no layer)
+            mtp = get_gpt_mtp_block_spec(tcfg, last_layer, use_transformer_engine=use_te, vp_stage=vp) if m.mtp_num_layers else None
+            model = GPTModel(
+                config=tcfg,
+                transformer_layer_spec=block,
+                vocab_size=self.r.arch.padded_vocab(self.r.layout.tp),
+                max_sequence_length=self.cfg.train.seq_length,
+                pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
+                post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp),
+                share_embeddings_and_output_weights=not m.untie_embeddings_and_output_weights,
+                position_embedding_type=m.position_embedding_type,
+                rotary_base=m.rotary_base,
+                mtp_block_spec=mtp,
+                vp_stage=vp,
+            )
+            if self.on_gpu:
+                model.cuda(torch.cuda.current_device())
+            if self.cfg.train.layout_invariant_init:
+                self.redrawn += layout_invariant_init(
+                    model, tcfg, seed,
+                    tp_rank=ps.get_tensor_model_parallel_rank(), tp_size=ps.get_tensor_model_parallel_world_size(),
+                    etp_rank=ps.get_expert_tensor_parallel_rank(), etp_size=ps.get_expert_tensor_parallel_world_size(),
+                    ep_rank=ps.get_expert_model_parallel_rank(),
+                )
+            if tcfg.bf16 or tcfg.fp16:
+                model = Float16Module(tcfg, model)
+            chunks.append(model)
+        return chunks
+
+    def wrap_and_optimizer(self, tcfg, chunks):
+        import torch
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        o, ov = self.cfg.optimizer, self.cfg.overlap
+        ddp_cfg = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=o.grad_reduce_in_fp32,
+            overlap_grad_reduce=ov.overlap_grad_reduce,
+            overlap_param_gather=ov.overlap_param_gather,
+            use_distributed_optimizer=o.use_distributed_optimizer,
+            num_distributed_optimizer_instances=o.num_distributed_optimizer_instances,
+        )
+        model = [
+            DistributedDataParallel(config=tcfg, ddp_config=ddp_cfg, module=c, disable_bucketing=i > 0)
+            for i, c in enumerate(chunks)
+        ]
+        dtype = {name: getattr(torch, _DTYPES[name]) for name in _DTYPES}
+        opt_cfg = OptimizerConfig(
+            optimizer=o.optimizer, lr=o.lr, min_lr=o.lr, weight_decay=o.weight_decay, clip_grad=o.clip_grad,
+            bf16=tcfg.bf16, fp16=tcfg.fp16, params_dtype=tcfg.params_dtype,
+            use_distributed_optimizer=o.use_distributed_optimizer,
+            use_precision_aware_optimizer=o.use_precision_aware_optimizer,
+            main_grads_dtype=dtype[o.main_grads_dtype], main_params_dtype=dtype[o.main_params_dtype],
+            exp_avg_dtype=dtype[o.exp_avg_dtype], exp_avg_sq_dtype=dtype[o.exp_avg_sq_dtype],
+            overlap_param_gather=ov.overlap_param_gather,
+            optimizer_cpu_offload=self.cfg.offload.optimizer_cpu_offload,
+            optimizer_offload_fraction=self.cfg.offload.optimizer_offload_fraction,
+        )
+        optimizer = get_megatron_optimizer(opt_cfg, model)
+        tcfg.finalize_model_grads_func = finalize_model_grads
+        if tcfg.fp16:
+            tcfg.grad_scale_func = optimizer.scale_loss
+        if ov.overlap_grad_reduce:
+            tcfg.no_sync_func = [m.no_sync for m in model] if len(model) > 1 else model[0].no_sync
+            tcfg.grad_sync_func = [m.start_grad_sync for m in model] if len(model) > 1 else model[0].start_grad_sync
+        if ov.overlap_param_gather and o.use_distributed_optimizer:
+            tcfg.param_sync_func = [m.start_param_sync for m in model] if len(model) > 1 else model[0].start_param_sync
+        return model, optimizer
+
+    # ------------------------------------------------------------------ the loop
+
+    def _forward_step(self, data, tcfg):
+        import torch
+
+        seq, mbs = self.r.batch.seq_length, self.r.batch.micro_batch_size
+        position_ids = torch.arange(seq, device=self.device).unsqueeze(0).expand(mbs, seq)
+        # The local (non-TE) attention needs an explicit causal mask; TE's causal kernels take none.
+        mask = None if self.r.impl.te else torch.triu(
+            torch.ones(1, 1, seq, seq, dtype=torch.bool, device=self.device), diagonal=1)
+
+        def forward_step(data_iterator, model):
+            tokens, labels = next(data_iterator)
+            tokens, labels = tokens.to(self.device), labels.to(self.device)
+            output = model(tokens, position_ids, mask, labels=labels)
+
+            def loss_func(per_token_loss):
+                loss = per_token_loss.float().mean()
+                # clone: the schedule divides the returned loss in place by the number of micro-batches
+                return loss, {"lm loss": loss.detach().clone()}
+
+            return output, loss_func
+
+        return forward_step
+
+    def run(self, out_dir: Path) -> dict[str, Any] | None:
+        import torch
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        from moe_hydra.job import telemetry
+        from moe_hydra.job.data import MockData
+
+        self._init_distributed()
+        if self.rank == 0:
+            from moe_hydra.core import env
+
+            # the planner's snapshot (taken on this machine), plus what only a process with torch can see
+            write_json({**(self.env_snapshot or env.snapshot()), "runtime": env.runtime()}, out_dir / "env.json")
+        tcfg = self.transformer_config()
+        chunks = self.build_model(tcfg)
+        model, optimizer = self.wrap_and_optimizer(tcfg, chunks)
+        cfg, plan = self.cfg, self.plan
+        t, contract, batch = cfg.train, cfg.contract, self.r.batch
+        if ps.get_data_parallel_world_size() != self.r.layout.dp:
+            raise RuntimeError(f"Megatron-Core built DP {ps.get_data_parallel_world_size()}, the plan DP {self.r.layout.dp}")
+        data = MockData(cfg.model.vocab_size, batch.seq_length, batch.micro_batch_size, batch.global_batch_size,
+                        batch.micro_batches_per_step, cfg.data.seed)
+        dp_rank = ps.get_data_parallel_rank()
+        forward_backward = get_forward_backward_func()
+        forward_step = self._forward_step(data, tcfg)
+        last_stage = ps.is_pipeline_last_stage(ignore_virtual=True)
+        gpu = telemetry.open_gpu(self.local_rank) if self.on_gpu else None
+        peak, peak_field = metrics.peak_tflops(cfg.hardware, cfg.precision)
+        tokens_per_step = batch.tokens_per_step
+        fpt = plan["flops_per_token"]
+        records: list[metrics.StepRecord] = []
+        samples = []
+        progress = _Progress(t.train_iters) if self.rank == 0 else None
+
+        first, last = contract.window
+        for step in range(1, t.train_iters + 1):
+            if step == first:
+                window_start = time.perf_counter()
+            batches = [data.batch(step - 1, dp_rank, mb) for mb in range(data.microbatches)]
+            iterators = [iter(batches) for _ in model]  # one pass over the step's micro-batches per model chunk
+            if step == t.fail_at_step:
+                raise RuntimeError(f"train.fail_at_step={step}: failing on purpose")
+            dist.barrier()
+            if self.on_gpu:
+                start_evt, end_evt = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start_evt.record()
+            t0 = time.perf_counter()
+            for m in model:
+                m.zero_grad_buffer()
+            optimizer.zero_grad()
+            losses = forward_backward(
+                forward_step_func=forward_step,
+                data_iterator=iterators if len(model) > 1 else iterators[0],
+                model=model if len(model) > 1 else model[0],
+                num_microbatches=data.microbatches,
+                seq_length=batch.seq_length,
+                micro_batch_size=batch.micro_batch_size,
+                forward_only=False,
+            )
+            ok, grad_norm, _ = optimizer.step()
+            host_ms = device_ms = None
+            if self.on_gpu:
+                host_ms = (time.perf_counter() - t0) * 1e3
+                end_evt.record()
+                torch.cuda.synchronize()
+                device_ms = start_evt.elapsed_time(end_evt)
+            wall_ms = (time.perf_counter() - t0) * 1e3
+            local_loss = (sum(float(x["lm loss"]) for x in losses) / len(losses)) if (last_stage and losses) else 0.0
+            stats = torch.tensor([wall_ms, host_ms or 0.0, device_ms or 0.0], device=self.device, dtype=torch.float64)
+            dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+            loss = torch.tensor([local_loss], device=self.device, dtype=torch.float64)
+            dist.all_reduce(loss, group=ps.get_data_parallel_group(with_context_parallel=True))
+            loss /= ps.get_data_parallel_world_size(with_context_parallel=True)
+            if ps.get_pipeline_model_parallel_world_size() > 1:
+                dist.all_reduce(loss, group=ps.get_pipeline_model_parallel_group())
+            rec = metrics.StepRecord(
+                step=step, time_ms=float(stats[0]), loss=float(loss[0]),
+                host_ms=float(stats[1]) if self.on_gpu else None, device_ms=float(stats[2]) if self.on_gpu else None,
+                grad_norm=float(grad_norm) if grad_norm is not None else None, skipped=not ok,
+                memory_gib=self._memory_gib(),
+            )
+            records.append(rec)
+            if gpu is not None:
+                samples.append({"step": step, **gpu.sample()})
+            if self.rank == 0:
+                progress.update(step)
+                if step % t.log_interval == 0 or step == t.train_iters:
+                    progress.log(metrics.log_line(rec, tokens_per_step, self.world, fpt, peak, rec.memory_gib))
+            if step == last:
+                loop_ms = (time.perf_counter() - window_start) * 1e3 / (last - first + 1)
+        if progress is not None:
+            progress.close()
+        memory = self._peak_memory()
+        evidence = self._evidence(tcfg, model, optimizer)
+        results = None
+        if self.rank == 0:
+            results = {
+                **plan,
+                "stage": "run",
+                "status": "ok",
+                **metrics.summarize(records, window=list(contract.window), warmup_steps=contract.warmup_steps,
+                                    tokens_per_step=tokens_per_step, world_size=self.world,
+                                    flops_per_token=fpt, peak=peak),
+                "step_time_counter": ("CUDA events around each step (device) and the host clock, max over ranks"
+                                      if self.on_gpu else "time.perf_counter around each step, max over ranks"),
+                "window_counter": f"mean of steps {contract.window[0]}..{contract.window[1]}; "
+                                  f"steps 1..{contract.warmup_steps} are warmup",
+                # wall time per window step on rank 0 including everything between steps (data, sync of
+                # the measurements, logging): what the harness costs on top of the timed steps
+                "window_loop_ms_per_step": loop_ms,
+                "peak_tflops": peak,
+                "peak_tflops_field": peak_field,
+                **memory,
+                "telemetry": samples if gpu is not None else None,
+                "evidence": evidence,
+            }
+            write_json(results, out_dir / "results.json")
+        dist.barrier()
+        ps.destroy_model_parallel()
+        dist.destroy_process_group()
+        return results
+
+    # ------------------------------------------------------------------ measurements
+
+    def _memory_gib(self) -> float | None:
+        import torch
+
+        if self.on_gpu:
+            return torch.cuda.max_memory_allocated() / 2**30
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+    def _peak_memory(self) -> dict[str, Any]:
+        import torch
+        import torch.distributed as dist
+
+        if self.on_gpu:
+            values = [torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()]
+            counter = "torch.cuda.max_memory_allocated / max_memory_reserved, max over ranks"
+        else:
+            values = [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, 0]
+            counter = "peak resident set size (getrusage ru_maxrss), max over ranks"
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        gib = [float(x) / 2**30 for x in t]
+        peak = {"allocated": gib[0], "reserved": gib[1]} if self.on_gpu else {"rss": gib[0]}
+        out = {"peak_memory_gib": peak, "memory_counter": counter}
+        if self.on_gpu:  # the estimate without its declared allowance is what the allocator sees
+            est = self.plan["memory"]["total"] - self.plan["memory"]["allowance"]
+            out["memory_vs_estimate"] = {"estimate_gib": est, "allocated_gib": gib[0],
+                                         "error": (est - gib[0]) / gib[0] if gib[0] else None}
+        return out
+
+    def _evidence(self, tcfg, model, optimizer) -> dict[str, Any]:
+        """What was actually built: read from the modules and the optimizer, not from the config."""
+        import torch
+        from megatron.core.transformer.moe.moe_layer import MoELayer
+
+        moe = next((mod for m in model for mod in m.modules() if isinstance(mod, MoELayer)), None)
+        param = next(p for m in model for p in m.parameters())
+        inner = getattr(optimizer, "chained_optimizers", [optimizer])
+        experts = getattr(moe, "experts", None)
+        return {
+            "dispatcher_class": type(moe.token_dispatcher).__name__ if moe else None,
+            "experts_class": type(experts).__name__ if experts is not None else None,
+            "grouped_gemm": type(experts).__name__ in ("GroupedMLP", "TEGroupedMLP") if experts is not None else None,
+            "local_experts_per_rank": getattr(experts, "num_local_experts", None),
+            "param_dtype": str(param.dtype).replace("torch.", ""),
+            "precision_recipe": (f"fp8 {tcfg.fp8_recipe} via Transformer Engine" if tcfg.fp8 else
+                                 f"fp4 {tcfg.fp4_recipe} via Transformer Engine" if tcfg.fp4 else
+                                 str(param.dtype).replace("torch.", "")),
+            "optimizer_class": " / ".join(type(o).__name__ for o in inner),
+            "distributed_optimizer": any(type(o).__name__ == "DistributedOptimizer" for o in inner),
+            "ddp_class": type(model[0]).__name__,
+            "layer_spec": "transformer_engine" if self.r.impl.te else "local",
+            "backend": "nccl" if self.on_gpu else "gloo",
+            "device": torch.cuda.get_device_name() if self.on_gpu else "cpu",
+            "torch_threads": torch.get_num_threads(),
+            "compat_shims": self.shims,
+            "layout_invariant_init": self.redrawn,
+            "model_chunks": len(model),
+            "batch_p2p_comm": tcfg.batch_p2p_comm,
+        }
+
+
+class _Progress:
+    """Rank 0's progress bar (on a terminal) with the metric lines printed above it.
+
+    Refreshed once per step from the training loop, never by a background thread, so it takes no
+    CPU time from the steps it measures.
+    """
+
+    def __init__(self, total: int):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.console = Console(stderr=True)
+        self.bar = None
+        if self.console.is_terminal:
+            self.bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                                console=self.console, transient=True, auto_refresh=False)
+            self.task = self.bar.add_task("train", total=total)
+            self.bar.start()
+
+    def update(self, step: int) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, completed=step, refresh=True)
+
+    def log(self, line: str) -> None:
+        self.console.print(line, highlight=False, soft_wrap=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()

@@ -1,0 +1,326 @@
+"""``hydra/sweeper=layout``: the layout search as a Hydra sweeper, so it composes with any launcher.
+
+    python -m moe_hydra stage=plan model=qwen3_235b_a22b hardware=h100_sxm hardware.nodes=32 hydra/sweeper=layout -m
+    python -m moe_hydra model=tiny_moe hardware.devices_per_node=2 hydra/sweeper=layout hydra.sweeper.top_k=4 -m
+
+1. Compose the command's overrides into one config (its own layout, if any, is replaced). Choose the
+   communication settings to try with every layout (:meth:`LayoutSweeperImpl.communication`): on GPUs
+   the configured dispatcher and the hardware's flex dispatcher, EP overlap off and on — unless the
+   command sets them.
+2. :class:`moe_hydra.planning.search.Search`: enumerate -> legality -> fit -> rank; print the top of the
+   ranking with every step-time term; write ``layouts.json`` and a ready-to-run sweep of the top
+   layouts (``search/experiment/layout_NN.yaml`` + ``run_top.sh``) into the sweep directory.
+3. Unless ``stage=plan`` (or ``fit``), screen the top ``top_k`` with short real runs through the
+   configured launcher (local processes or Slurm): a short contract (``screen_window``, after
+   ``screen_warmup`` steps), every arm with the same global batch and contract hash. Rank them by
+   measured steady step time with a 95 % interval of the mean; a layout whose Welch comparison with
+   the fastest (moe_hydra.core.stats, the hardware's run-to-run noise as the floor) finds no significant
+   difference is a tie. Name the layout to validate with a >= 50-step run, and print its command.
+
+The screening's results land in ``layouts.json`` (``screening``) and ``screening.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.plugins.sweeper import Sweeper
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from moe_hydra.analysis.compare import Run
+from moe_hydra.core import io, overrides, stats
+from moe_hydra.core.schema import Config, Stage, typed
+from moe_hydra.launch import state as sweep
+from moe_hydra.planning import search
+from moe_hydra.planning.step_model import TERMS
+
+log = logging.getLogger(__name__)
+
+# What screening arms differ in, left out of their contract hash (moe_hydra.core.contract).
+SEARCHED = ["mesh", "recompute", "train.micro_batch_size"]
+EP_OVERLAP = "overlap.overlap_moe_expert_parallel_comm"
+LAYOUT_GROUPS = ("attention_mesh", "expert_mesh", "mesh")
+
+
+@dataclass
+class LayoutSweeperConf:
+    _target_: str = "hydra_plugins.moe_hydra_sweeper.LayoutSweeper"
+    # Layouts to screen with real runs (not with stage=plan); 0 = search only.
+    top_k: int = 0
+    # Micro-batch sizes to search as well; null = train.micro_batch_size only.
+    micro_batch_sizes: Optional[List[int]] = None
+    # Dispatcher presets to try with every layout (each layout keeps the fastest that is legal and fits);
+    # null = the configured one and the hardware's flex dispatcher (hardware.flex_dispatcher), or only the
+    # one the command sets with dispatcher=.
+    dispatchers: Optional[List[str]] = None
+    # EP overlap (overlap.overlap_moe_expert_parallel_comm) settings to try; null = both on GPUs (it needs
+    # CUDA streams), or only the one the command sets.
+    ep_overlap: Optional[List[bool]] = None
+    # Rows of the printed ranking, and layouts written as a ready-to-run sweep.
+    table_rows: int = 15
+    # The screening contract: warmup steps, then the steady window [first, last] (6-12 steps).
+    screen_warmup: int = 3
+    screen_window: List[int] = field(default_factory=lambda: [4, 11])
+    # Steady steps of the validation run the screening recommends.
+    validate_steps: int = 50
+    # Filled at sweep time with the searched keys (what the arms differ in).
+    params: Optional[dict] = None
+
+
+def register() -> None:
+    ConfigStore.instance().store(group="hydra/sweeper", name="layout", node=LayoutSweeperConf, provider="moe_hydra")
+
+
+class LayoutSweeperImpl(Sweeper):
+    def __init__(self, top_k: int = 0, micro_batch_sizes: list[int] | None = None, table_rows: int = 15,
+                 screen_warmup: int = 3, screen_window: list[int] | None = None, validate_steps: int = 50,
+                 params: dict | None = None, dispatchers: list[str] | None = None, ep_overlap: list[bool] | None = None):
+        super().__init__()
+        self.top_k, self.micro_batch_sizes, self.table_rows = top_k, micro_batch_sizes, table_rows
+        self.dispatchers = list(dispatchers) if dispatchers else None
+        self.ep_overlap = list(ep_overlap) if ep_overlap else None
+        self.screen_warmup, self.screen_window = screen_warmup, list(screen_window or [4, 11])
+        self.validate_steps = validate_steps
+        self.config: DictConfig | None = None
+        self.launcher = None
+        self.hydra_context = None
+
+    def setup(self, *, hydra_context, task_function, config: DictConfig) -> None:
+        from hydra.core.plugins import Plugins
+
+        self.hydra_context, self.config = hydra_context, config
+        self.launcher = Plugins.instance().instantiate_launcher(hydra_context=hydra_context,
+                                                                task_function=task_function, config=config)
+
+    # ------------------------------------------------------------------ the search
+
+    def sweep(self, arguments: list[str]) -> Any:
+        parsed = OverridesParser.create().parse_overrides(arguments)
+        sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
+        if sweeps:
+            return self._outcome("INVALID", f"hydra/sweeper=layout searches the layout; it does not also sweep "
+                                             f"{', '.join(sweeps)} (run one search per value)")
+        replaced = [o.input_line for o in parsed
+                    if o.key_or_group in LAYOUT_GROUPS or o.key_or_group.startswith("parallel.")]
+        if replaced:
+            print(f"moe_hydra: the search chooses the layout; it replaces {' '.join(replaced)}", file=sys.stderr, flush=True)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        cfg = typed(self.hydra_context.config_loader.load_sweep_config(self.config, list(arguments)))
+        dispatchers, ep_overlap = self.communication(cfg, {o.key_or_group for o in parsed})
+        searched = SEARCHED + ["dispatcher"] * (len(dispatchers) > 1) + [EP_OVERLAP] * (len(ep_overlap) > 1)
+        with open_dict(self.config):
+            self.config.hydra.sweeper.params = {key: "searched" for key in searched}
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        t0 = time.perf_counter()
+        s = search.Search(cfg, self.micro_batch_sizes, dispatchers=dispatchers, ep_overlap=ep_overlap)
+        results = s.run()
+        seconds = time.perf_counter() - t0
+        report = s.report(results, seconds)
+        ranked = [r for r in report["candidates"] if r["rank"]]
+        console = io.console()
+        console.print(render_ranking(report, self.table_rows))
+        base = [a for a in arguments if not a.startswith("hydra/sweeper") and not a.startswith("hydra.sweeper")]
+        if ranked:
+            report["ready_to_run"] = write_sweep(sweep_dir, ranked[: self.table_rows], base)
+            console.print(f"ready-to-run sweep of the top {min(len(ranked), self.table_rows)}: "
+                          f"{report['ready_to_run']['script']}", markup=False)
+        io.write_json(report, sweep_dir / "layouts.json", indent=None)
+        log.info("layouts written to %s (%d candidates, %d ranked, search %.2f s)", sweep_dir / "layouts.json",
+                 report["counts"]["candidates"], len(ranked), seconds)
+        if not ranked:
+            return self._outcome("INVALID", "no legal layout fits; see layouts.json for why (first_violation, "
+                                             "memory_gib)")
+        if cfg.stage is not Stage.run or self.top_k <= 0:
+            return self._outcome("PLANNED")
+        screening, returns = self._screen(cfg, s, ranked[: self.top_k], base, sweep_dir)
+        report["screening"] = screening
+        io.write_json(report, sweep_dir / "layouts.json", indent=None)
+        return returns
+
+    def _outcome(self, state: str, message: str | None = None) -> list:
+        """The search's own outcome (refused, or planned without screening), handed to Hydra's callbacks as the
+        JobReturn of a point named "layout search"."""
+        if message:
+            print(f"moe_hydra: {message}", file=sys.stderr, flush=True)
+        ret = sweep.job_return(["layout search"], state, message)
+        self.hydra_context.callbacks.on_job_end(config=self.config, job_return=ret)
+        return [ret]
+
+    def communication(self, cfg: Config, set_by_command: set[str]) -> tuple[list[str], list[bool]]:
+        """The dispatchers and EP overlap settings to try with every layout: the sweeper's options, else the
+        configured ones plus the hardware's flex dispatcher and both EP overlap settings on GPUs — unless the
+        command sets them."""
+        dispatchers = self.dispatchers or [cfg.dispatcher.name]
+        flex = cfg.hardware.flex_dispatcher
+        if self.dispatchers is None and "dispatcher" not in set_by_command and flex and cfg.model.num_moe_experts:
+            dispatchers = list(dict.fromkeys([*dispatchers, flex]))
+        configured = cfg.overlap.overlap_moe_expert_parallel_comm
+        ep_overlap = self.ep_overlap if self.ep_overlap is not None else [configured]
+        if (self.ep_overlap is None and EP_OVERLAP not in set_by_command and cfg.hardware.arch != "cpu"
+                and cfg.model.num_moe_experts):
+            ep_overlap = [configured, not configured]
+        return dispatchers, ep_overlap
+
+    # ------------------------------------------------------------------ screening
+
+    def _screen(self, cfg: Config, s: search.Search, top: list[dict], base: list[str],
+                sweep_dir: Path) -> tuple[dict, list]:
+        first, last = self.screen_window
+        contract = [f"contract.warmup_steps={self.screen_warmup}", f"contract.window=[{first},{last}]"]
+        jobs = [[*base, *c["overrides"], *contract] for c in top]
+        log.info("screening the top %d layouts through %s", len(jobs), type(self.launcher).__name__)
+        returns = self.launcher.launch(jobs, initial_job_idx=0)
+        arms = []
+        for c, ret in zip(top, returns):
+            job_dir = sweep.output_dir(ret)
+            arms.append(_arm(c, sweep.complete_results(job_dir) if job_dir else None, job_dir))
+        table = rank_measured(arms, cfg.hardware.run_to_run_noise)
+        console = io.console()
+        console.print(render_screening(table))
+        best = next((a for a in table["arms"] if a["measured_rank"] == 1), None)
+        if best:
+            validate = [*base, *best["overrides"], f"contract.warmup_steps={self.screen_warmup}",
+                        f"contract.window=[{self.screen_warmup + 1},{self.screen_warmup + self.validate_steps}]"]
+            table["validate"] = {"layout": best["layout"], "command": _command(validate)}
+            tie = [a["layout"] for a in table["arms"] if a["tie_with_best"] and a is not best]
+            console.print(f"validate {best['layout']} with a {self.validate_steps}-step run"
+                          + (f" (within the noise of {', '.join(tie)}: of the tied layouts, the one the analytic "
+                             "ranking puts first)" if tie else "")
+                          + f":\n  {table['validate']['command']}", markup=False)
+        (sweep_dir / "screening.md").write_text(screening_markdown(table))
+        return table, returns
+
+
+def _arm(candidate: dict, res: dict | None, job_dir: Path | None) -> dict:
+    arm = {"layout": candidate["layout"], "predicted_rank": candidate["rank"], "overrides": candidate["overrides"],
+           "predicted_step_s": candidate["step_time_s"], "dir": str(job_dir), "status": "ok" if res else "failed"}
+    if res:
+        arm["samples_ms"] = Run(job_dir, res).window_steps
+        arm["tokens_per_s_per_gpu"] = res.get("tokens_per_s_per_gpu")
+    return arm
+
+
+def rank_measured(arms: list[dict], noise: float) -> dict:
+    """Measured steady step time per arm, a 95 % t-interval of its mean, ranks, and ties with the fastest
+    (Welch, with ``noise`` as the floor: one run per arm cannot tell differences below it)."""
+    measured = [a for a in arms if len(a.get("samples_ms") or []) >= 2]
+    for a in measured:
+        mean, low, high = stats.mean_interval(a["samples_ms"])
+        a.update(step_ms=mean, ci_ms=[low, high])
+    measured.sort(key=lambda a: (a["step_ms"], a["predicted_rank"]))
+    best = measured[0] if measured else None
+    for i, a in enumerate(measured, 1):
+        a["measured_rank"] = i
+        if a is best:
+            a["tie_with_best"], a["vs_best"] = True, None
+            continue
+        eff = stats.welch(best["samples_ms"], a["samples_ms"], unit="steps", floor=noise)
+        a["vs_best"] = {"rel_step_time": eff.rel_step_time, "ci": [eff.ci_low, eff.ci_high], "verdict": eff.verdict}
+        a["tie_with_best"] = eff.verdict == stats.SAME
+    if best:  # among the ties, the analytic ranking decides which to validate
+        tied = [a for a in measured if a["tie_with_best"]]
+        pick = min(tied, key=lambda a: a["predicted_rank"])
+        if pick is not best:
+            pick["measured_rank"], best["measured_rank"] = 1, pick["measured_rank"]
+            measured.sort(key=lambda a: a["measured_rank"])
+    failed = [a for a in arms if a not in measured]
+    for a in failed:
+        a["measured_rank"] = None
+    return {"noise_floor": noise, "confidence": 0.95, "arms": measured + failed,
+            "counter": "steady-window step times (results.json step_times_ms), mean and 95 % t-interval"}
+
+
+def write_sweep(sweep_dir: Path, ranked: list[dict], base: list[str]) -> dict:
+    """The top layouts as ``experiment`` options (``search/experiment/layout_NN.yaml``: an experiment may
+    override other groups, such as recompute) and one multirun over them."""
+    mesh_dir = sweep_dir / "search" / "experiment"
+    mesh_dir.mkdir(parents=True, exist_ok=True)
+    names = []
+    for c in ranked:
+        name = f"layout_{c['rank']:02d}"
+        lines = ["# @package _global_", f"# rank {c['rank']} of the layout search: {c['layout']}, "
+                 f"{c['recompute']} recompute, {c['memory_gib']} GiB, predicted step {c['step_time_s']:.3f} s"]
+        groups = [(o.key_or_group, o.value()) for o in overrides.parse(c["overrides"]) if "." not in o.key_or_group]
+        if groups:
+            lines.append("defaults:\n" + "\n".join(f"  - override /{g}: {v}" for g, v in groups))
+        tree = overrides.tree(c["overrides"])
+        (mesh_dir / f"{name}.yaml").write_text("\n".join(lines) + "\n" + OmegaConf.to_yaml(tree))
+        names.append(name)
+    command = _command(["-m", *base, f"hydra.searchpath=[file://{(sweep_dir / 'search').resolve()}]",
+                        f"experiment={','.join(names)}"])
+    script = sweep_dir / "run_top.sh"
+    script.write_text(f"#!/usr/bin/env bash\n# The top {len(names)} layouts of this search as one sweep.\n{command}\n")
+    script.chmod(0o755)
+    return {"script": str(script), "command": command, "experiment_dir": str(mesh_dir), "layouts": names}
+
+
+def _command(args: list[str]) -> str:
+    return "python -m moe_hydra " + " ".join(shlex.quote(a) for a in args)
+
+
+# ----------------------------------------------------------------------------- tables
+
+def _s(x: float | None) -> str:
+    return "" if x is None else f"{x:.3f}"
+
+
+def render_ranking(report: dict, rows: int):
+    from rich.table import Table
+
+    c = report["counts"]
+    t = Table(title=f"layout search: {report['model']} on {report['world_size']} x {report['hardware']}, "
+                    f"GBS {report['global_batch_size']}, seq {report['seq_length']} — {c['candidates']} candidates, "
+                    f"{c['legal']} legal, {c['fit']} fit, {report['search_seconds']:.2f} s", title_justify="left")
+    comm = len(report["communication_settings"]) > 1
+    top = [x for x in report["candidates"] if x["rank"]][:rows]
+    terms = [k for k in TERMS if any(r["terms_s"][k] for r in top)]  # the terms that are zero throughout: left out
+    for col in ("#", "layout", "MBS", *(("dispatcher",) if comm else ()), "recompute", "GiB", "step s", *terms):
+        t.add_column(col, justify="left" if col in ("layout", "dispatcher", "recompute") else "right")
+    for r in top:
+        setting = (r["dispatcher"] + (" +ovl" if r["overlap_moe_expert_parallel_comm"] else ""),) if comm else ()
+        t.add_row(str(r["rank"]), r["layout"], str(r["micro_batch_size"]), *setting, r["recompute"],
+                  "?" if r["memory_gib"] is None else f"{r['memory_gib']:.1f}", _s(r["step_time_s"]),
+                  *(_s(r["terms_s"][k]) for k in terms))
+    return t
+
+
+def render_screening(table: dict):
+    from rich.table import Table
+
+    t = Table(title=f"screening: measured steady step time (95 % interval), ties within the noise floor "
+                    f"{table['noise_floor']:.0%}", title_justify="left")
+    for col in ("measured", "predicted", "layout", "step ms", "95 % interval", "tokens/s/GPU", "vs fastest"):
+        t.add_column(col, justify="left" if col == "layout" else "right")
+    for a in table["arms"]:
+        if a.get("measured_rank") is None:
+            t.add_row("-", str(a["predicted_rank"]), a["layout"], "[red]failed[/]", "", "", a["dir"])
+            continue
+        vs = "fastest" if a["vs_best"] is None else (
+            f"{a['vs_best']['rel_step_time']:+.1%} " + ("(tie)" if a["tie_with_best"] else "(slower)"))
+        t.add_row(str(a["measured_rank"]), str(a["predicted_rank"]), a["layout"], f"{a['step_ms']:.1f}",
+                  f"{a['ci_ms'][0]:.1f} .. {a['ci_ms'][1]:.1f}", f"{a['tokens_per_s_per_gpu']:.1f}", vs)
+    return t
+
+
+def screening_markdown(table: dict) -> str:
+    lines = ["| measured | predicted | layout | step ms | 95 % interval | vs fastest |", "|---|---|---|---|---|---|"]
+    for a in table["arms"]:
+        if a.get("measured_rank") is None:
+            lines.append(f"| - | {a['predicted_rank']} | {a['layout']} | failed | | |")
+            continue
+        vs = "fastest" if a["vs_best"] is None else f"{a['vs_best']['rel_step_time']:+.1%}" + (
+            " (tie)" if a["tie_with_best"] else "")
+        lines.append(f"| {a['measured_rank']} | {a['predicted_rank']} | {a['layout']} | {a['step_ms']:.1f} | "
+                     f"{a['ci_ms'][0]:.1f} .. {a['ci_ms'][1]:.1f} | {vs} |")
+    if table.get("validate"):
+        lines += ["", f"Validate: `{table['validate']['command']}`"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,200 @@
+"""Outcomes of the points of a run or sweep, told truthfully, and ``python -m moe_hydra.sweep status``.
+
+A point's state comes from what it left behind (``results.json``, ``violations.json``) and, on
+Slurm, from Slurm itself (sacct through submitit) — never from a log line that says "completed".
+
+``sweep.json`` (in the sweep directory) holds one entry per point:
+    num, overrides, dir, state, slurm_job_id, step_time_ms, tokens_per_s_per_gpu, error, logs
+States: COMPLETED (results.json status ok), KEPT (a complete results.json from an earlier launch
+into the same directory), INVALID (refused before launch), FAILED, TIMEOUT, CANCELLED, OUT_OF_MEMORY,
+PENDING, RUNNING, UNKNOWN (Slurm's own names where Slurm decided).
+
+    python -m moe_hydra.sweep status outputs/multirun/<date>/<time>
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from moe_hydra.core.io import console, read_json, write_json
+
+OK_STATES = ("COMPLETED", "KEPT")
+ACTIVE_STATES = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING")
+
+
+# ----------------------------------------------------------------------------- outcomes as Hydra JobReturns
+# A point's outcome travels to the app the way Hydra carries any job's: a JobReturn, its status COMPLETED with
+# the state as the value (COMPLETED, KEPT, PLANNED), or FAILED with one of these exceptions as the value.
+
+
+class Refused(Exception):
+    """The point was refused before anything started (the rules, the memory estimate, this machine)."""
+
+    state = "INVALID"
+
+
+class Failed(Exception):
+    """The point started and did not complete; ``state`` is Slurm's word for it where Slurm decided."""
+
+    def __init__(self, message: str, state: str = "FAILED"):
+        super().__init__(message)
+        self.state = state
+
+
+def job_return(overrides: list[str], state: str, error: str | None = None, point_dir: str | None = None):
+    """The JobReturn a launcher hands Hydra for a point it settled itself (Slurm, the layout search);
+    ``point_dir``: the point's output directory."""
+    from hydra.core.utils import JobReturn, JobStatus
+
+    if state in (*OK_STATES, "PLANNED"):
+        return JobReturn(overrides=overrides, status=JobStatus.COMPLETED, _return_value=state, working_dir=point_dir)
+    value = Refused(error or "refused") if state == "INVALID" else Failed(error or state, state)
+    return JobReturn(overrides=overrides, status=JobStatus.FAILED, _return_value=value, working_dir=point_dir)
+
+
+def output_dir(ret) -> Path | None:
+    """Where a point's files are: Hydra's runtime output directory of a job it ran, else the directory a
+    launcher recorded for a point it settled."""
+    if ret.hydra_cfg is not None:
+        return Path(ret.hydra_cfg.hydra.runtime.output_dir)
+    return Path(ret.working_dir) if ret.working_dir else None
+
+
+def state_of(ret) -> str:
+    """A JobReturn's state in sweep.json's vocabulary."""
+    from hydra.core.utils import JobStatus
+
+    if ret.status is JobStatus.COMPLETED:
+        value = ret._return_value
+        return value if isinstance(value, str) else "COMPLETED"
+    return getattr(ret._return_value, "state", "FAILED")
+
+
+@dataclass
+class Point:
+    num: int
+    overrides: list[str]
+    dir: str
+    state: str = "UNKNOWN"
+    slurm_job_id: str | None = None
+    step_time_ms: float | None = None
+    tokens_per_s_per_gpu: float | None = None
+    error: str | None = None
+    logs: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.state in OK_STATES
+
+
+def complete_results(point_dir: Path) -> dict[str, Any] | None:
+    """The point's results.json when it records a complete, successful run."""
+    res = read_json(point_dir / "results.json")
+    return res if res and res.get("status") == "ok" and res.get("stage") == "run" else None
+
+
+def fill_from_results(p: Point, res: dict[str, Any] | None) -> None:
+    if res:
+        p.step_time_ms = res.get("step_time_ms")
+        p.tokens_per_s_per_gpu = res.get("tokens_per_s_per_gpu")
+
+
+def tail(path: Path, lines: int = 12) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").rstrip().splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def write_sweep(sweep_dir: Path, points: list[Point]) -> Path:
+    path = sweep_dir / "sweep.json"
+    write_json({"points": [asdict(p) for p in sorted(points, key=lambda p: p.num)]}, path)
+    return path
+
+
+def varying(points: list[Point]) -> dict[int, str]:
+    """Per point, the overrides that differ between the points (the swept ones); all when alone."""
+    common = set.intersection(*(set(p.overrides) for p in points)) if len(points) > 1 else set()
+    return {p.num: " ".join(o for o in p.overrides if o not in common) for p in points}
+
+
+def render(points: list[Point], title: str):
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left")
+    for col in ("#", "swept", "state", "slurm job", "step ms", "tokens/s/GPU", "error / directory"):
+        t.add_column(col, overflow="fold")
+    style = {"COMPLETED": "green", "KEPT": "green", "INVALID": "yellow"}
+    swept = varying(points)
+    for p in sorted(points, key=lambda p: p.num):
+        first_error = [line for line in (p.error or "").strip().splitlines() if line.strip()][:1] or [""]
+        t.add_row(str(p.num), swept[p.num], f"[{style.get(p.state, 'red')}]{p.state}",
+                  p.slurm_job_id or "", f"{p.step_time_ms:.1f}" if p.step_time_ms else "",
+                  f"{p.tokens_per_s_per_gpu:.1f}" if p.tokens_per_s_per_gpu else "",
+                  first_error[0] if not p.ok else p.dir)
+    return t
+
+
+def _sacct_states(job_ids: list[str]) -> dict[str, str]:
+    """Slurm's current state of each job id (array tasks included); empty without sacct."""
+    if not job_ids:
+        return {}
+    try:
+        out = subprocess.run(["sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j", ",".join(job_ids)],
+                             capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    states = {}
+    for line in out.splitlines():
+        job, _, state = line.partition("|")
+        states[job.strip()] = state.split()[0] if state else "UNKNOWN"
+    return states
+
+
+def status(sweep_dir: Path) -> list[Point]:
+    """The sweep's points, refreshed from the files they wrote and from Slurm."""
+    data = read_json(sweep_dir / "sweep.json")
+    if data is None:
+        raise FileNotFoundError(f"{sweep_dir / 'sweep.json'} is missing or unreadable (is this a sweep directory?)")
+    points = [Point(**p) for p in data["points"]]
+    live = _sacct_states([p.slurm_job_id for p in points if p.slurm_job_id and p.state in ACTIVE_STATES])
+    for p in points:
+        res = complete_results(Path(p.dir))
+        if res:
+            p.state = p.state if p.state == "KEPT" else "COMPLETED"
+            fill_from_results(p, res)
+        elif p.slurm_job_id in live:
+            p.state = live[p.slurm_job_id]
+    return points
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m moe_hydra.sweep", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    st = sub.add_parser("status", help="per-point state, errors and logs of a sweep directory")
+    st.add_argument("sweep_dir", type=Path)
+    args = ap.parse_args(argv)
+    try:
+        points = status(args.sweep_dir)
+    except FileNotFoundError as e:
+        print(f"moe_hydra.sweep: {e}", file=sys.stderr)
+        return 2
+    out = console()
+    out.print(render(points, f"sweep {args.sweep_dir}"))
+    for p in points:
+        if not p.ok and p.state not in ACTIVE_STATES:
+            out.print(f"[bold]#{p.num} {p.state}[/bold] {' '.join(p.overrides)}", highlight=False)
+            if p.error:
+                out.print(p.error, highlight=False, markup=False)
+            for log in p.logs:
+                out.print(f"  log: {log}", highlight=False)
+    done = sum(p.ok for p in points)
+    out.print(f"{done} of {len(points)} points complete")
+    return 0 if done == len(points) else 1
+

@@ -1,0 +1,366 @@
+"""Per-rank device memory of a layout: weights, gradients, optimizer state, activations, allowance.
+
+Follows Megatron-Bridge's accounting (flops-memory.md §4), made right for MoE:
+
+**Static** (per rank of each pipeline stage, from :mod:`moe_hydra.core.params`)::
+
+    weights     params x bytes(params_dtype)                      (fp8 recipes keep bf16 weights)
+    gradients   params x 4 with grad_reduce_in_fp32, else x bytes(params_dtype) (the DDP buffer, never sharded)
+    optimizer   dense  x state / (DP x CP / instances)            (distributed optimizer)
+              + expert x state / (EDP / instances)
+                state = master copy (0 when the weights are fp32) + Adam m and v, each in its dtype
+                (fp32 unless use_precision_aware_optimizer); x (1 - offloaded fraction)
+
+For bf16 weights, fp32 gradients and the distributed optimizer this is Megatron's 6 + 12/d bytes
+per parameter, with d = DP x CP for the dense part and EDP for the experts.
+
+**Activations** (what autograd keeps for the backward pass), per micro-batch and layer, summed over
+named terms so recompute and offload remove exactly the terms they remove in Megatron-Core::
+
+    T  = s x b / CP      tokens of this rank's sequence shard     (s = seq_length, b = micro batch)
+    Th = T / TP with sequence parallelism, else T                 (rows of the hidden state)
+
+    attn_norm      Th x h             input of the attention norm
+    qkv_linear     Th x h             its output, the QKV (MLA: down-projection) input    [layernorm]
+    mla_down       T x (2 q_lora + 2 kv_lora + rope) MLA latents and their norms' outputs
+    mla_up_proj    T x heads (2 qk + rope + v) / TP   MLA up-projection outputs        [mla_up_proj]
+    core_attn      T x (q + 2 kv) / TP                q, k (after RoPE), v              [mla_up_proj]
+    core_attn_internal  flash: T x heads / TP fp32 (softmax statistics); unfused (CPU): the
+                   attention probabilities, T x heads / TP x s                        [core_attn]
+    attn_proj      T x q / TP         core-attention output, the projection input
+    mlp_norm       Th x h             input of the MLP norm
+    mlp_input      Th x h             its output (MLP / router / dispatcher input)    [layernorm]
+    mlp            T x (fc1 width + f) / TP           dense MLP fc1 output, activation output  [mlp]
+    router         Th x experts x 2 fp32              logits and scores                      [moe]
+    expert_fc1     Th x k x ETP x h                   dispatched tokens (top-k duplicated)  [moe]
+    expert_act_in  Th x k x fc1 width                 expert fc1 output                      [moe]
+    moe_act        Th x k x fe                        expert activation output   [moe_act, moe]
+    unpermute      Th x k x h                         expert outputs, kept to weight by the probs [moe]
+    shared_experts T x (fc1 width + f_sh) / TP        [shared_experts, moe]
+
+(bracketed: the ``recompute_modules`` entry that drops the term; top-k routing is assumed balanced,
+padded to capacity when ``moe_pad_expert_input_to_capacity``). Full recompute keeps one hidden state
+per ``recompute_num_layers`` layers (uniform) or recomputes that many layers per model chunk (block),
+plus one recomputed group live during the backward pass. Fine-grained offloading removes the
+offloaded modules' terms. The last stage adds the final norm, the output layer's input and the fp32
+logits of the cross-entropy; each MTP block adds its norms, projection input, layer and logits.
+
+Micro-batches in flight on pipeline rank r (M per step): 1F1B holds min(PP - r, M);
+the interleaved schedule holds min(2 (PP - r - 1) + (VPP - 1) PP + 1, M VPP) model-chunk
+micro-batches, i.e. PP (1 + (PP - 1) / (PP VPP)) stage micro-batches on rank 0, as Megatron's schedule
+warms up. Activation elements are 2 bytes (4 with fp32 weights); fp8 recipes keep them in bf16 here.
+
+**Allowance**: declared, not estimated (``memory.*``): CUDA context, NCCL buffers, flex-dispatcher
+buffers, CUDA graphs, allocator fragmentation. Listed as such in the plan.
+
+Pure: standard library only.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from moe_hydra.core.arch import Arch
+from moe_hydra.core.params import RankParams
+from moe_hydra.core.pipeline import RankLayers
+from moe_hydra.core.resolved import Resolved
+
+GIB = 2**30
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+# Terms each selective-recompute module drops (Megatron-Core ``recompute_modules``).
+RECOMPUTE_DROPS = {
+    "core_attn": ("core_attn_internal",),
+    "layernorm": ("qkv_linear", "mlp_input"),
+    "mla_up_proj": ("mla_up_proj", "core_attn"),
+    "mlp": ("mlp",),
+    "moe_act": ("moe_act",),
+    "moe": ("router", "expert_fc1", "expert_act_in", "moe_act", "unpermute", "shared_experts"),
+    "shared_experts": ("shared_experts",),
+}
+# Terms each fine-grained offload module moves to the host (``offload_modules``).
+OFFLOAD_DROPS = {
+    "attn_norm": ("attn_norm",),
+    "qkv_linear": ("qkv_linear",),
+    "core_attn": ("core_attn", "core_attn_internal"),
+    "attn_proj": ("attn_proj",),
+    "mlp_norm": ("mlp_norm",),
+    "expert_fc1": ("expert_fc1",),
+    "moe_act": ("moe_act",),
+}
+EXCLUDED = ("routing imbalance beyond the capacity factor", "kernel workspaces", "memory of other processes")
+
+
+@dataclass(frozen=True, slots=True)
+class StageMemory:
+    """Bytes on one rank of one pipeline stage."""
+
+    pp_rank: int
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    in_flight: float  # micro-batches of this stage's layers whose activations are held at the peak
+    allowance: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.allowance
+
+
+def _state_bytes(cfg: Any) -> float:
+    """Optimizer bytes per parameter before sharding: master copy + moments."""
+    o, dtype = cfg.optimizer, cfg.precision.params_dtype
+    aware = o.use_precision_aware_optimizer
+    master = 0 if dtype == "fp32" else DTYPE_BYTES[o.main_params_dtype if aware else "fp32"]
+    m = DTYPE_BYTES[o.exp_avg_dtype if aware else "fp32"]
+    v = DTYPE_BYTES[o.exp_avg_sq_dtype if aware else "fp32"]
+    moments = m + v if o.optimizer == "adam" else m  # sgd: momentum only
+    return master + moments
+
+
+def grad_bytes(cfg: Any) -> int:
+    """Bytes per parameter of the DDP gradient buffer: fp32 with fp32 weights or grad_reduce_in_fp32, else
+    the weights' dtype."""
+    dtype = cfg.precision.params_dtype
+    return DTYPE_BYTES["fp32" if dtype == "fp32" or cfg.optimizer.grad_reduce_in_fp32 else dtype]
+
+
+def layer_terms(r: Resolved, moe: bool) -> dict[str, float]:
+    """Activation bytes of one decoder layer for one micro-batch on one rank, by term."""
+    cfg, lo, a = r.cfg, r.layout, r.arch
+    s, b, tp = r.batch.seq_length, r.batch.micro_batch_size, lo.tp
+    flash = r.impl.attention == "flash"  # fused attention keeps no score matrix; unfused keeps the probabilities
+    tokens = s * b / lo.cp
+    rows = tokens / tp if lo.sp else tokens
+    e = 4 if cfg.precision.params_dtype == "fp32" else 2
+    h = a.h
+    t: dict[str, float] = {"attn_norm": rows * h * e, "qkv_linear": rows * h * e}
+    if a.mla:
+        n, qk, pe, v = a.heads, a.qk_head_dim, a.qk_pos_emb_head_dim, a.v_head_dim
+        ql, kvl = a.q_lora_rank or 0, a.kv_lora_rank
+        t["mla_down"] = tokens * (2 * ql + 2 * kvl + pe) * e
+        t["mla_up_proj"] = tokens * n * ((qk + pe if ql else 0) + qk + v) / tp * e
+        t["core_attn"] = tokens * n * (2 * (qk + pe) + v) / tp * e
+        q_width, heads = n * v, n
+    else:
+        t["core_attn"] = tokens * (a.q_width + 2 * a.kv_width) / tp * e
+        q_width, heads = a.q_width, a.heads
+    t["core_attn_internal"] = tokens * heads / tp * (4 if flash else s * e)
+    t["attn_proj"] = tokens * q_width / tp * e
+    t["mlp_norm"] = rows * h * e
+    t["mlp_input"] = rows * h * e
+    glu = 2 if a.glu else 1
+    if not moe:
+        t["mlp"] = tokens * (glu + 1) * a.ffn / tp * e
+        return t
+    ro = cfg.routing
+    capacity = ro.moe_expert_capacity_factor if ro.moe_pad_expert_input_to_capacity and ro.moe_expert_capacity_factor else 1.0
+    routed = rows * a.topk * capacity  # token copies this rank sends to experts
+    t["router"] = rows * a.experts * 2 * 4
+    t["expert_fc1"] = routed * lo.etp * h * e
+    t["expert_act_in"] = routed * glu * a.moe_ffn * e
+    t["moe_act"] = routed * a.moe_ffn * e
+    t["unpermute"] = routed * h * e
+    if a.shared_ffn:
+        t["shared_experts"] = tokens * (glu + 1) * a.shared_ffn / tp * e
+    return t
+
+
+def _dropped(cfg: Any) -> frozenset[str]:
+    rc, off = cfg.recompute, cfg.offload
+    return _dropped_by(rc.recompute_granularity == "selective", tuple(rc.recompute_modules or ["core_attn"]),
+                       tuple(off.offload_modules) if off.fine_grained_activation_offloading else ())
+
+
+@functools.lru_cache(maxsize=None)
+def _dropped_by(selective: bool, recomputed: tuple[str, ...], offloaded: tuple[str, ...]) -> frozenset[str]:
+    """The activation terms that recompute (selective, its modules) and offload (its modules) remove."""
+    drop: set[str] = set()
+    for module in recomputed if selective else ():
+        drop.update(RECOMPUTE_DROPS.get(module, ()))
+    for module in offloaded:
+        drop.update(OFFLOAD_DROPS.get(module, ()))
+    return frozenset(drop)
+
+
+def in_flight_chunks(pp: int, vpp: int | None, pp_rank: int, microbatches: int,
+                     overlap_moe_comm: bool = False) -> tuple[int, int]:
+    """(model-chunk micro-batches held at the peak, chunks per rank) on pipeline rank ``pp_rank``:
+    the schedule's warmup forwards plus the one whose backward follows (Megatron's
+    ``get_pp_rank_microbatches``; overlapped EP communication runs one more forward first)."""
+    if pp == 1:  # with EP overlap, the next micro-batch's forward runs beside this one's backward
+        return min(1 + overlap_moe_comm, microbatches), 1
+    if not vpp or vpp == 1:
+        return min(pp - pp_rank, microbatches), 1
+    warmup = 2 * (pp - pp_rank - 1) + (vpp - 1) * pp + overlap_moe_comm
+    return min(warmup + 1, microbatches * vpp), vpp
+
+
+class Estimator:
+    """The estimate for one config; :meth:`stages` evaluates it per pipeline stage."""
+
+    def __init__(self, r: Resolved, terms: tuple[dict[str, float], dict[str, float]] | None = None):
+        """``terms``: (dense, MoE) :func:`layer_terms` already computed for this mesh (they do not depend on
+        recompute, offload, VPP or the split, so the layout search computes them once per mesh)."""
+        cfg, lo, a = r.cfg, r.layout, r.arch
+        self.cfg, self.lo, self.a, self.microbatches = cfg, lo, a, r.batch.micro_batches_per_step
+        drop = _dropped(cfg)
+        dense, moe = terms or (layer_terms(r, False), layer_terms(r, True) if a.experts else {})
+        self.full_dense, self.full_moe = sum(dense.values()), sum(moe.values())
+        self.dense_layer = self.full_dense - sum(v for k, v in dense.items() if k in drop)
+        self.moe_layer = self.full_moe - sum(v for k, v in moe.items() if k in drop)
+        e = 4 if cfg.precision.params_dtype == "fp32" else 2
+        tokens = r.batch.seq_length * r.batch.micro_batch_size / lo.cp
+        rows = tokens / lo.tp if lo.sp else tokens
+        self.hidden = rows * a.h * e  # one stored hidden state (full-recompute checkpoint)
+        # final norm input + output-layer input + fp32 logits of the vocab-parallel cross-entropy
+        self.loss = 2 * self.hidden + tokens * a.padded_vocab(lo.tp) / lo.tp * 4
+        self.allowance = allowance(cfg)
+        self._fixed_allowance = sum(v for k, v in self.allowance.items() if k != "fragmentation")
+
+    def static(self, ranks: list[RankParams]) -> list[tuple[float, float, float]]:
+        """(weights, gradients, optimizer) bytes per stage; recompute and activations do not change them."""
+        cfg, lo = self.cfg, self.lo
+        o, off = cfg.optimizer, cfg.offload
+        w_bytes = DTYPE_BYTES[cfg.precision.params_dtype]
+        g_bytes = grad_bytes(cfg)
+        inst = o.num_distributed_optimizer_instances
+        dense_shard = max(1, lo.dp * lo.cp // inst) if o.use_distributed_optimizer else 1
+        expert_shard = max(1, lo.edp // inst) if o.use_distributed_optimizer else 1
+        state = _state_bytes(cfg) * (1 - off.optimizer_offload_fraction if off.optimizer_cpu_offload else 1)
+        return [(p.total * w_bytes, p.total * g_bytes, state * (p.dense / dense_shard + p.expert / expert_shard))
+                for p in ranks]
+
+    def _activations(self, r: RankLayers, overlap: bool | None = None) -> tuple[float, float, float]:
+        """(activation bytes, micro-batches in flight, the bytes of one more micro-batch chunk in flight) of a
+        pipeline rank; ``overlap``: EP overlap on or off (None: as configured)."""
+        a, rc = self.a, self.cfg.recompute
+        if overlap is None:
+            overlap = self.cfg.overlap.overlap_moe_expert_parallel_comm
+        chunks, vpp = in_flight_chunks(self.lo.pp, self.lo.vpp, r.pp_rank, self.microbatches, overlap)
+        n_moe = (r.mask & a.moe_mask).bit_count()
+        n_dense = len(r.layers) - n_moe
+        mtp_layer = (self.moe_layer if a.mtp_is_moe else self.dense_layer) if r.mtp else 0.0
+        per_mb = n_dense * self.dense_layer + n_moe * self.moe_layer + r.mtp * (mtp_layer + 4 * self.hidden)
+        live = 0.0
+        if rc.recompute_granularity == "full" and r.layers:
+            group = rc.recompute_num_layers or 1
+            layers = len(r.layers)
+            avg_full = (n_dense * self.full_dense + n_moe * self.full_moe) / layers
+            avg_kept = (n_dense * self.dense_layer + n_moe * self.moe_layer) / layers
+            if rc.recompute_method == "block":
+                recomputed = min(layers, group * vpp)
+                per_mb = recomputed * self.hidden + (layers - recomputed) * avg_kept
+            else:
+                per_mb = -(-layers // group) * self.hidden
+            per_mb += r.mtp * (mtp_layer + 4 * self.hidden)
+            live = min(group, layers) * avg_full  # one recomputed group during its backward
+        stage_mbs = chunks / vpp
+        act = per_mb * stage_mbs + live
+        if r.loss:
+            act += self.loss * (1 + r.mtp)  # the last stage runs each micro-batch's backward at once
+        return act, stage_mbs, per_mb / vpp
+
+    def stages(self, split: tuple[RankLayers, ...], ranks: list[RankParams],
+               static: list[tuple[float, float, float]] | None = None) -> list[StageMemory]:
+        out = []
+        for r, (weights, grads, opt) in zip(split, static or self.static(ranks)):
+            act, mbs, _ = self._activations(r)
+            out.append(StageMemory(r.pp_rank, weights, grads, opt, act, mbs, self.allowance_total(weights + grads + opt + act)))
+        return out
+
+    def peaks(self, split: tuple[RankLayers, ...], static: list[tuple[float, float, float]],
+              candidates: list[int] | None = None) -> tuple[float, float]:
+        """The most-loaded stage's total without and with EP overlap (one more micro-batch chunk in flight,
+        where the schedule holds more than it has). ``candidates``: the stages that can be the most loaded
+        (:func:`peak_candidates`)."""
+        off = on = 0.0
+        for i in candidates if candidates is not None else range(len(split)):
+            r = split[i]
+            act, held, chunk = self._activations(r, False)
+            est = sum(static[i]) + act
+            off = max(off, est + self.allowance_total(est))
+            more, per_rank = in_flight_chunks(self.lo.pp, self.lo.vpp, r.pp_rank, self.microbatches, True)
+            est += (more - held * per_rank) * chunk  # the chunks held with EP overlap
+            on = max(on, est + self.allowance_total(est))
+        return off, on
+
+    def allowance_total(self, estimated: float) -> float:
+        return self._fixed_allowance + self.allowance["fragmentation"] * estimated
+
+
+def peak_candidates(a: Arch, split: tuple[RankLayers, ...], ranks: list[RankParams]) -> list[int]:
+    """The stages that can be the most loaded: among stages holding the same layers and parameters, the
+    lowest pipeline rank holds the most micro-batches in flight, so only it needs evaluating."""
+    seen, out = set(), []
+    for i, (r, p) in enumerate(zip(split, ranks)):
+        key = (len(r.layers), (r.mask & a.moe_mask).bit_count(), r.loss, r.mtp, p.total)
+        if key not in seen:
+            seen.add(key)
+            out.append(i)
+    return out
+
+
+def allowance(cfg: Any) -> dict[str, float]:
+    """Declared bytes for what the estimate cannot see (``memory.*``); fragmentation is a fraction."""
+    m, gib = cfg.memory, GIB
+    return {
+        "cuda_context": m.cuda_context_gib * gib,
+        "nccl": m.nccl_gib * gib,
+        "flex_dispatcher": m.flex_dispatcher_gib * gib if cfg.dispatcher.moe_token_dispatcher_type == "flex" else 0.0,
+        "cuda_graphs": m.cuda_graphs_gib * gib if cfg.kernels.cuda_graph_impl != "none" else 0.0,
+        "fragmentation": m.fragmentation,
+    }
+
+
+def estimate(r: Resolved, ranks: list[RankParams]) -> list[StageMemory]:
+    """Per pipeline stage, the memory of one of its ranks."""
+    return Estimator(r).stages(r.split, ranks)
+
+
+def _gib(x: float) -> float:
+    return round(x / GIB, 6)
+
+
+def summary(r: Resolved, stages: list[StageMemory], ranks: list[RankParams]) -> dict[str, Any]:
+    """``plan.json``'s ``memory``: the most-loaded rank's breakdown (GiB), every stage, the verdict."""
+    cfg = r.cfg
+    worst = max(stages, key=lambda s: s.total)
+    p = ranks[worst.pp_rank]
+    capacity = cfg.hardware.memory_gib
+    allow = allowance(cfg)
+    est = worst.total - worst.allowance
+    state = _state_bytes(cfg)
+    return {
+        "unit": "GiB",
+        "most_loaded_pp_rank": worst.pp_rank,
+        "total": _gib(worst.total),
+        "weights": _gib(worst.weights),
+        "gradients": _gib(worst.gradients),
+        "optimizer": _gib(worst.optimizer),
+        "activations": _gib(worst.activations),
+        "allowance": _gib(worst.allowance),
+        "breakdown": {
+            "params_dense": p.dense, "params_expert": p.expert,
+            "in_flight_microbatches": round(worst.in_flight, 3),
+            "allowance": {k: (_gib(v) if k != "fragmentation" else _gib(v * est)) for k, v in allow.items()},
+            "optimizer_bytes_per_param_before_sharding": state,
+        },
+        "per_stage": [{"pp_rank": s.pp_rank, "weights": _gib(s.weights), "gradients": _gib(s.gradients),
+                       "optimizer": _gib(s.optimizer), "activations": _gib(s.activations),
+                       "in_flight_microbatches": round(s.in_flight, 3), "allowance": _gib(s.allowance),
+                       "total": _gib(s.total)} for s in stages],
+        "capacity": capacity,
+        "margin": None if capacity is None else round(capacity - worst.total / GIB, 3),
+        "excluded": list(EXCLUDED),
+        "counter": "moe_hydra.planning.memory (Bridge accounting + MoE activation terms), most-loaded pipeline stage",
+        "attention": r.impl.attention,
+    }
+
+
+def fits(summary_: dict[str, Any]) -> bool | None:
+    """True / False against the device memory; None when the hardware declares none (CPU)."""
+    return None if summary_["capacity"] is None else summary_["margin"] >= 0

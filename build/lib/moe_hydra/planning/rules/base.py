@@ -1,0 +1,166 @@
+"""The vocabulary of the legality rules: the context a rule reads and the registry every rule joins with
+``@rule`` (a violation and the error that carries them are the core's: :mod:`moe_hydra.core.violations`).
+Pure: standard library only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any, Callable, Iterator
+
+from moe_hydra.core.arch import Arch
+from moe_hydra.core.layout import Layout
+from moe_hydra.core.resolved import Batch, Resolved
+from moe_hydra.core.versions import McoreFacts
+from moe_hydra.core.violations import LayoutError, V, Violation, fmt as _fmt  # noqa: F401 (the rules' vocabulary)
+
+
+@dataclass(slots=True)
+class Ctx:
+    """What every rule reads: the resolved plan (the config, its layout, architecture and batch) and the
+    megatron-core facts."""
+
+    r: Resolved
+    mcore: McoreFacts
+
+    @property
+    def cfg(self):
+        return self.r.cfg
+
+    @property
+    def layout(self) -> Layout:
+        return self.r.layout
+
+    @property
+    def arch(self) -> Arch | None:
+        """None when moe_layer_freq itself is malformed (L13 reports it)."""
+        return self.r.arch
+
+    @property
+    def batch(self) -> Batch:
+        return self.r.batch
+
+    @property
+    def p(self):
+        return self.cfg.parallel
+
+    @property
+    def m(self):
+        return self.cfg.model
+
+    @property
+    def seq(self) -> int:
+        return self.cfg.train.seq_length
+
+    @property
+    def fp8(self) -> bool:
+        return self.cfg.precision.fp8 is not None
+
+    @property
+    def flex(self) -> bool:
+        return self.cfg.dispatcher.moe_token_dispatcher_type == "flex"
+
+
+Rule = Callable[[Ctx], Iterator[Violation]]
+RULES: list[Rule] = []
+
+
+# What each kind of rule may read of what the layout search varies, as paths into the resolved plan. The
+# search caches each kind's verdict by the values at exactly these paths (:func:`cache_key`);
+# tests/test_rules.py runs every rule under a recorder and fails when a rule reads a varied path its kind
+# does not list, so a mis-declared rule fails a test instead of corrupting a ranking.
+_LAYOUT = ("layout.world_size", "layout.tp", "layout.cp", "layout.pp", "layout.ep", "layout.etp", "layout.sp",
+           "layout.dp", "layout.edp", "layout.attention_model_size", "layout.expert_model_size")
+_MESH = tuple(f"cfg.parallel.{f}" for f in (
+    "tensor_model_parallel_size", "context_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
+    "expert_tensor_parallel_size", "sequence_parallel", "cp_comm_type", "hierarchical_context_parallel_sizes",
+    "use_tp_pp_dp_mapping"))
+_SPLIT = ("layout.vpp", *(f"cfg.parallel.{f}" for f in (
+    "virtual_pipeline_model_parallel_size", "pipeline_model_parallel_layout", "num_layers_in_first_pipeline_stage",
+    "num_layers_in_last_pipeline_stage", "account_for_embedding_in_pipeline_split",
+    "account_for_loss_in_pipeline_split")))
+_BATCH = ("batch.micro_batch_size", "batch.global_batch_size", "batch.micro_batches_per_step",
+          "cfg.train.micro_batch_size", "cfg.train.global_batch_size")
+_RECOMPUTE = tuple(f"cfg.recompute.{f}" for f in (
+    "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules"))
+DISPATCHER_READS = ("cfg.dispatcher.name", "cfg.dispatcher.moe_token_dispatcher_type",
+                    "cfg.dispatcher.moe_flex_dispatcher_backend", "cfg.dispatcher.num_sms")
+COMM_READS = (*DISPATCHER_READS, "cfg.overlap.overlap_moe_expert_parallel_comm")
+READS = {
+    "fixed": (),
+    "mesh": (*_LAYOUT, *_MESH, *_BATCH),
+    "pipeline": ("layout.world_size", "layout.pp", "layout.dp", *_SPLIT, *_BATCH),
+    "recompute": ("layout.pp", "layout.ep", *_SPLIT, *_RECOMPUTE),
+}
+# The declared paths whose values are lists (keyed as tuples).
+LIST_READS = ("cfg.parallel.hierarchical_context_parallel_sizes", "cfg.recompute.recompute_modules")
+# What the layout search varies between candidates: everything a candidate, its recompute level or its
+# communication setting changes (the fixed kind reads none of it).
+VARIED = ("layout.", "batch.", "split", "cfg.parallel.", "cfg.train.micro_batch_size", "cfg.train.global_batch_size",
+          "cfg.recompute.", "cfg.dispatcher.", "cfg.overlap.overlap_moe_expert_parallel_comm")
+
+
+def comm_reads(kind: str) -> tuple[str, ...]:
+    """The communication-setting paths the rules of a kind read (what their ``comm`` declares)."""
+    return tuple(dict.fromkeys(p for r in RULES if r.reads == kind for p in r.comm))
+
+
+def cache_key(kind: str, settings: tuple[str, ...] = ()) -> tuple[Callable[[Resolved], tuple], ...]:
+    """The values a kind of rule reads (with the communication setting its rules read), as hashable tuples: what
+    the layout search keys its verdicts by. Two parts: the values at the paths outside the config nodes
+    ``settings`` (e.g. ``("recompute", "dispatcher", "overlap")``, what a search tries on every candidate), and
+    the values at the paths inside them; together they are every path the kind reads."""
+    paths = READS[kind] + comm_reads(kind)
+    inside = tuple(p for p in paths if p.startswith(tuple(f"cfg.{node}." for node in settings)))
+    return _values_at(tuple(p for p in paths if p not in inside)), _values_at(inside)
+
+
+def _values_at(paths: tuple[str, ...]) -> Callable[[Resolved], tuple]:
+    if not paths:
+        return lambda r: ()
+    get = attrgetter(*paths, "cfg.parallel.tensor_model_parallel_size")  # a tuple even for one path
+    lists = [i for i, p in enumerate(paths) if p in LIST_READS]
+    if not lists:
+        return get
+
+    def values(r: Resolved) -> tuple:
+        found = list(get(r))
+        for i in lists:
+            found[i] = None if found[i] is None else tuple(found[i])
+        return tuple(found)
+
+    return values
+
+
+def rule(fn: Rule | None = None, *, reads: str = "mesh", comm: tuple[str, ...] = ()):
+    """Register a rule. ``reads``: the kind of rule, by what it reads of what the layout search varies
+    (:data:`READS`), so the search checks each rule as rarely as it can:
+
+    - ``fixed``: nothing the search varies (once per search);
+    - ``mesh``: the parallel sizes and the batch (once per mesh);
+    - ``pipeline``: PP, VPP, the pipeline split and the batch, nothing else of the mesh;
+    - ``recompute``: PP, VPP, the split, EP and the recompute settings (once per recompute level the
+      search tries).
+
+    ``comm``: the paths of the communication setting the rule reads too (:data:`DISPATCHER_READS`,
+    :data:`COMM_READS`): the search tries other dispatchers and EP overlap settings with every layout."""
+
+    def register(f: Rule) -> Rule:
+        if reads not in READS:
+            raise ValueError(f"rule {f.__name__}: reads={reads!r} is not one of {sorted(READS)}")
+        if not set(comm) <= set(COMM_READS):
+            raise ValueError(f"rule {f.__name__}: comm={comm!r} names paths outside {COMM_READS}")
+        f.reads, f.comm = reads, tuple(comm)
+        RULES.append(f)
+        return f
+
+    return register(fn) if fn is not None else register
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _list(values: list[int]) -> str:
+    return ", ".join(map(str, values)) if values else "none"

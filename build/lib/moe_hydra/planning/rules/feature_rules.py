@@ -1,0 +1,295 @@
+"""Rules on features: kernels, optimizer, dispatcher, routing, recompute/offload, CUDA graphs, EP overlap,
+precision vs hardware (P), the contract window (C) and the installed megatron-core (V).
+
+Ids follow megatron-knobs.md §13. Pure: standard library only.
+"""
+
+from __future__ import annotations
+
+from moe_hydra.planning.rules.base import COMM_READS, DISPATCHER_READS, Ctx, V, _divisors, _fmt, _list, rule
+
+# --------------------------------------------------------------------------- dispatcher (L37-L45)
+
+@rule(comm=DISPATCHER_READS)
+def l37_l45_dispatcher(c: Ctx):
+    d, r, lo = c.cfg.dispatcher, c.cfg.routing, c.layout
+    if c.flex and d.moe_flex_dispatcher_backend is None:
+        yield V("L38", "the flex dispatcher needs a backend", "dispatcher=deepep or dispatcher=hybridep",
+                dispatcher__moe_token_dispatcher_type="flex", dispatcher__moe_flex_dispatcher_backend=None)
+    if not c.flex and d.moe_flex_dispatcher_backend is not None:
+        yield V("L35", f"backend {d.moe_flex_dispatcher_backend} is only used by the flex dispatcher",
+                "dispatcher.moe_flex_dispatcher_backend=null", dispatcher__moe_token_dispatcher_type=d.moe_token_dispatcher_type,
+                dispatcher__moe_flex_dispatcher_backend=d.moe_flex_dispatcher_backend)
+    if c.flex and lo.etp * lo.ep <= 1:
+        experts = c.m.num_moe_experts or 1
+        good = [e for e in _divisors(experts) if e > 1 and lo.world_size % (lo.etp * e * lo.pp) == 0]
+        yield V("L40", f"the flex dispatcher ({d.moe_flex_dispatcher_backend}) needs ETP x EP > 1; it is {lo.etp}x{lo.ep}",
+                f"parallel.expert_model_parallel_size=<one of {_list(good)}>, or dispatcher=alltoall",
+                dispatcher__name=d.name, parallel__expert_model_parallel_size=lo.ep,
+                parallel__expert_tensor_parallel_size=lo.etp)
+    if c.flex and d.moe_flex_dispatcher_backend == "deepep" and r.moe_pad_expert_input_to_capacity:
+        yield V("L37", "flex + DeepEP does not support padding expert inputs to capacity",
+                "routing.moe_pad_expert_input_to_capacity=false", dispatcher__name=d.name,
+                routing__moe_pad_expert_input_to_capacity=True)
+    if r.moe_pad_expert_input_to_capacity and r.moe_expert_capacity_factor is None:
+        yield V("L37", "moe_pad_expert_input_to_capacity needs moe_expert_capacity_factor",
+                "routing.moe_expert_capacity_factor=1.0", routing__moe_pad_expert_input_to_capacity=True,
+                routing__moe_expert_capacity_factor=None)
+    if r.moe_router_padding_for_quantization and (not (c.fp8 or c.cfg.precision.fp4) or
+                                                  d.moe_token_dispatcher_type == "allgather"):
+        yield V("L44", "moe_router_padding_for_quantization needs fp8/fp4 and an alltoall or flex dispatcher",
+                "routing.moe_router_padding_for_quantization=false", routing__moe_router_padding_for_quantization=True,
+                precision__name=c.cfg.precision.name, dispatcher__name=d.name)
+    allowed = c.mcore.shared_expert_overlap_dispatchers
+    if c.cfg.overlap.moe_shared_expert_overlap:
+        if not c.m.moe_shared_expert_intermediate_size:
+            yield V("L45", "moe_shared_expert_overlap needs shared experts", "overlap.moe_shared_expert_overlap=false",
+                    overlap__moe_shared_expert_overlap=True, model__moe_shared_expert_intermediate_size=None)
+        elif d.moe_token_dispatcher_type not in allowed:
+            yield V("L45", f"moe_shared_expert_overlap works only with the {' or '.join(sorted(allowed))} dispatcher "
+                    f"on megatron-core {c.mcore.version}", "dispatcher=alltoall (or overlap.moe_shared_expert_overlap=false)",
+                    overlap__moe_shared_expert_overlap=True, dispatcher__name=d.name)
+
+
+# --------------------------------------------------------------------------- routing (L47-L49)
+
+@rule(reads="fixed")
+def l47_l49_routing(c: Ctx):
+    m = c.m
+    if not m.num_moe_experts:
+        return
+    if m.moe_router_topk == 1 and m.moe_router_score_function == "softmax" and not m.moe_router_pre_softmax:
+        yield V("L47", "top-1 routing with softmax needs moe_router_pre_softmax", "model.moe_router_pre_softmax=true",
+                model__moe_router_topk=1, model__moe_router_pre_softmax=False)
+    groups, gtop = m.moe_router_num_groups, m.moe_router_group_topk
+    if groups is not None:
+        if m.num_moe_experts % groups:
+            yield V("L48", f"{m.num_moe_experts} experts do not split into {groups} routing groups",
+                    "model.moe_router_num_groups=<a divisor of the experts>", model__num_moe_experts=m.num_moe_experts,
+                    model__moe_router_num_groups=groups)
+        if gtop is None or gtop > groups:
+            yield V("L48", f"group-limited routing needs moe_router_group_topk <= moe_router_num_groups ({groups})",
+                    f"model.moe_router_group_topk=<1..{groups}>", model__moe_router_num_groups=groups,
+                    model__moe_router_group_topk=gtop)
+    if m.moe_router_enable_expert_bias and m.moe_router_score_function not in ("sigmoid", "sqrtsoftplus"):
+        yield V("L49", "expert bias needs the sigmoid (or sqrtsoftplus) score function",
+                "model.moe_router_score_function=sigmoid", model__moe_router_enable_expert_bias=True,
+                model__moe_router_score_function=m.moe_router_score_function)
+
+
+# --------------------------------------------------------------------------- recompute, offload (L50-L56)
+
+@rule(reads="recompute")
+def l50_l54_recompute(c: Ctx):
+    r = c.cfg.recompute
+    gran, method, n, mods = r.recompute_granularity, r.recompute_method, r.recompute_num_layers, r.recompute_modules
+    if gran == "full":
+        if method is None or n is None:
+            yield V("L50", "full recompute needs recompute_method (uniform|block) and recompute_num_layers",
+                    "recompute.recompute_method=uniform recompute.recompute_num_layers=1",
+                    recompute__recompute_method=method, recompute__recompute_num_layers=n)
+        elif c.arch is not None and not 1 <= n <= c.arch.num_layers // max(c.layout.pp, 1):
+            yield V("L50", f"recompute_num_layers {n} must be between 1 and the layers per pipeline rank "
+                    f"({c.arch.num_layers // max(c.layout.pp, 1)})", "recompute.recompute_num_layers=1",
+                    recompute__recompute_num_layers=n)
+    elif method is not None or n is not None:
+        yield V("L50", f"recompute_method / recompute_num_layers apply to full recompute only (granularity is {_fmt(gran)})",
+                "recompute.recompute_method=null recompute.recompute_num_layers=null",
+                recompute__recompute_granularity=gran, recompute__recompute_method=method, recompute__recompute_num_layers=n)
+    if gran != "selective" or not mods:
+        return
+    unknown = sorted(set(mods) - c.mcore.recompute_modules)
+    if unknown:
+        yield V("L51", f"unknown recompute modules {unknown} for megatron-core {c.mcore.version}; "
+                f"allowed: {', '.join(sorted(c.mcore.recompute_modules))}",
+                "recompute.recompute_modules=[core_attn,layernorm]", recompute__recompute_modules=list(mods))
+    if "moe_act" in mods and not c.cfg.kernels.moe_grouped_gemm:
+        yield V("L52", "moe_act recompute needs grouped-GEMM experts",
+                "kernels.moe_grouped_gemm=true (on a GPU), or drop moe_act from recompute.recompute_modules",
+                recompute__recompute_modules=list(mods), kernels__moe_grouped_gemm=False)
+    if "mla_up_proj" in mods and not c.m.multi_latent_attention:
+        yield V("L52", "mla_up_proj recompute needs multi-latent attention", "drop mla_up_proj from recompute.recompute_modules",
+                recompute__recompute_modules=list(mods), model__multi_latent_attention=False)
+    if "shared_experts" in mods and c.cfg.overlap.moe_shared_expert_overlap:
+        yield V("L53", "shared_experts recompute cannot work with moe_shared_expert_overlap",
+                "overlap.moe_shared_expert_overlap=false", recompute__recompute_modules=list(mods),
+                overlap__moe_shared_expert_overlap=True)
+    if c.cfg.precision.fp8_recipe == "delayed" and c.fp8 and {"moe_act", "layernorm"} & set(mods):
+        yield V("L54", "FP8 delayed scaling does not support moe_act or layernorm recompute",
+                "precision=fp8_tensorwise, or drop moe_act/layernorm from recompute.recompute_modules",
+                precision__fp8_recipe="delayed", recompute__recompute_modules=list(mods))
+
+
+@rule(reads="fixed")
+def l56_offload(c: Ctx):
+    o = c.cfg.offload
+    if not o.fine_grained_activation_offloading:
+        return
+    mods = list(o.offload_modules)
+    if not mods:
+        yield V("L56", "fine-grained activation offloading needs offload_modules", "offload.offload_modules=[expert_fc1,moe_act]",
+                offload__offload_modules=mods)
+    unknown = sorted(set(mods) - c.mcore.offload_modules)
+    if unknown:
+        yield V("L56", f"unknown offload modules {unknown}; allowed: {', '.join(sorted(c.mcore.offload_modules))}",
+                "offload.offload_modules=[expert_fc1,moe_act]", offload__offload_modules=mods)
+    if "attn_proj" in mods and "core_attn" not in mods:
+        yield V("L56", "attn_proj cannot be offloaded without core_attn (its input is core_attn's output)",
+                "add core_attn to offload.offload_modules", offload__offload_modules=mods)
+
+
+# --------------------------------------------------------------------------- CUDA graphs (L57-L61)
+
+@rule(reads="recompute")  # L60/L61 read the recompute settings
+def l57_l61_cuda_graphs(c: Ctx):
+    k, r = c.cfg.kernels, c.cfg.routing
+    impl, scope = k.cuda_graph_impl, set(k.cuda_graph_scope)
+    if impl == "none":
+        return
+    if c.cfg.hardware.arch == "cpu":
+        yield V("L57", "CUDA graphs need a GPU", "kernels.cuda_graph_impl=none", kernels__cuda_graph_impl=impl, hardware__arch="cpu")
+    if "moe" in scope and (r.moe_expert_capacity_factor is None or not r.moe_pad_expert_input_to_capacity):
+        yield V("L57", "the 'moe' graph scope needs static shapes: drop-and-pad routing (capacity factor + padding)",
+                "kernels.cuda_graph_scope=[moe_router,moe_preprocess]", kernels__cuda_graph_scope=sorted(scope),
+                routing__moe_expert_capacity_factor=r.moe_expert_capacity_factor)
+    if {"moe", "moe_router"} <= scope:
+        yield V("L58", "the 'moe' and 'moe_router' graph scopes are mutually exclusive",
+                "kernels.cuda_graph_scope=[moe_router,moe_preprocess]", kernels__cuda_graph_scope=sorted(scope))
+    if "moe_preprocess" in scope and "moe_router" not in scope:
+        yield V("L59", "the 'moe_preprocess' graph scope needs 'moe_router'", "kernels.cuda_graph_scope=[moe_router,moe_preprocess]",
+                kernels__cuda_graph_scope=sorted(scope))
+    if c.cfg.recompute.recompute_granularity == "full" and impl != "full_iteration":
+        yield V("L60", "full recompute works only with a full-iteration CUDA graph or none",
+                "recompute=selective, or kernels.cuda_graph_impl=none", recompute__recompute_granularity="full",
+                kernels__cuda_graph_impl=impl)
+    mods = c.cfg.recompute.recompute_modules or []
+    if impl == "transformer_engine" and "moe_router" in scope and "moe" in mods:
+        yield V("L61", "MoE recompute conflicts with the TE 'moe_router' graph scope",
+                "drop moe from recompute.recompute_modules", recompute__recompute_modules=list(mods),
+                kernels__cuda_graph_scope=sorted(scope))
+
+
+# --------------------------------------------------------------------------- optimizer precision (O)
+
+@rule(reads="fixed")
+def o01_optimizer_dtypes(c: Ctx):
+    o = c.cfg.optimizer
+    if o.use_precision_aware_optimizer:
+        return
+    for name in ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype"):
+        if getattr(o, name) != "fp32":
+            yield V("O01", f"optimizer.{name} can only be fp32 without the precision-aware optimizer (Megatron-Core "
+                    "asserts it); the gradient buffer's dtype is optimizer.grad_reduce_in_fp32",
+                    f"optimizer.use_precision_aware_optimizer=true, or optimizer.{name}=fp32",
+                    **{f"optimizer__{name}": getattr(o, name), "optimizer__use_precision_aware_optimizer": False})
+
+
+# --------------------------------------------------------------------------- EP overlap (L64-L73)
+
+@rule(reads="recompute", comm=COMM_READS)
+def l65_l73_ep_overlap(c: Ctx):
+    o, lo = c.cfg.overlap, c.layout
+    if o.delay_wgrad_compute and not o.overlap_moe_expert_parallel_comm:
+        yield V("L73", "delay_wgrad_compute needs EP overlap", "overlap.overlap_moe_expert_parallel_comm=true (or overlap.delay_wgrad_compute=false)",
+                overlap__delay_wgrad_compute=True, overlap__overlap_moe_expert_parallel_comm=False)
+    if not o.overlap_moe_expert_parallel_comm:
+        return
+    off = "overlap.overlap_moe_expert_parallel_comm=false"
+    if lo.ep <= 1:
+        yield V("L65", "EP overlap needs EP > 1", f"an expert mesh with EP > 1, or {off}", parallel__expert_model_parallel_size=lo.ep)
+    if c.cfg.dispatcher.moe_token_dispatcher_type not in ("alltoall", "flex"):
+        yield V("L66", "EP overlap needs the alltoall or flex dispatcher", f"dispatcher=alltoall, or {off}",
+                dispatcher__name=c.cfg.dispatcher.name)
+    if lo.pp > 1 and lo.vpp is None:  # a layout string with PP stages only leaves VPP unset too
+        yield V("L67", "EP overlap with PP > 1 needs VPP", f"parallel.virtual_pipeline_model_parallel_size=2, or {off}",
+                parallel__pipeline_model_parallel_size=lo.pp, parallel__virtual_pipeline_model_parallel_size=None)
+    mods = c.cfg.recompute.recompute_modules or []
+    if c.cfg.recompute.recompute_granularity == "full" or (c.cfg.recompute.recompute_granularity == "selective" and "moe" in mods):
+        yield V("L68", "EP overlap cannot run with full recompute or 'moe' recompute", f"recompute=selective without moe, or {off}",
+                recompute__recompute_granularity=c.cfg.recompute.recompute_granularity, recompute__recompute_modules=list(mods))
+    if c.cfg.precision.params_dtype not in ("bf16", "fp16"):
+        yield V("L69", "EP overlap needs BF16 or FP16 parameters", f"precision=bf16, or {off}",
+                precision__params_dtype=c.cfg.precision.params_dtype)
+    if o.moe_shared_expert_overlap:
+        yield V("L70", "EP overlap and shared-expert overlap are mutually exclusive", "overlap.moe_shared_expert_overlap=false",
+                overlap__moe_shared_expert_overlap=True)
+    if c.arch is not None and c.arch.mtp > 1:
+        yield V("L71", f"EP overlap allows at most one MTP block, the model has {c.arch.mtp}", off, model__mtp_num_layers=c.arch.mtp)
+    scope = set(c.cfg.kernels.cuda_graph_scope)
+    if c.cfg.kernels.cuda_graph_impl == "transformer_engine" and scope & {"moe", "mlp"}:
+        yield V("L72", "EP overlap cannot run with a TE CUDA-graph scope on moe or mlp", "kernels.cuda_graph_scope=[moe_router]",
+                kernels__cuda_graph_scope=sorted(scope))
+
+
+# --------------------------------------------------------------------------- precision vs hardware (P)
+
+# Which hardware families run each low-precision recipe (Transformer Engine).
+PRECISION_ARCH = {
+    "tensorwise": ("hopper", "blackwell"),
+    "delayed": ("hopper", "blackwell"),
+    "blockwise": ("hopper", "blackwell"),
+    "mxfp8": ("blackwell",),
+    "nvfp4": ("blackwell",),
+}
+
+
+@rule(reads="fixed")
+def p01_precision_hardware(c: Ctx):
+    pr, arch = c.cfg.precision, c.cfg.hardware.arch
+    if pr.fp8 is not None and pr.fp8_recipe is None:
+        yield V("P01", "fp8 needs an fp8_recipe", "precision=fp8_tensorwise", precision__fp8=pr.fp8)
+    if pr.fp4 is not None and pr.fp4_recipe is None:
+        yield V("P01", "fp4 needs an fp4_recipe", "precision=nvfp4", precision__fp4=pr.fp4)
+    for recipe in (pr.fp8_recipe if pr.fp8 else None, pr.fp4_recipe if pr.fp4 else None):
+        if recipe in PRECISION_ARCH and arch not in PRECISION_ARCH[recipe]:
+            where = " or ".join(PRECISION_ARCH[recipe])
+            yield V("P01", f"precision {pr.name} ({recipe}) runs on {where} GPUs, not on {c.cfg.hardware.name} ({arch})",
+                    "precision=bf16, or a hardware preset that supports it", precision__name=pr.name,
+                    hardware__name=c.cfg.hardware.name)
+
+
+# --------------------------------------------------------------------------- contract (C)
+
+@rule
+def c01_contract_window(c: Ctx):
+    k, iters = c.cfg.contract, c.cfg.train.train_iters
+    w = list(k.window)
+    if len(w) != 2:
+        yield V("C01", f"contract.window must be [first, last], got {w}", "contract.window=[4,10]", contract__window=w)
+        return
+    first, last = w
+    if k.warmup_steps < 0:
+        yield V("C01", "warmup_steps must be >= 0", "contract.warmup_steps=3", contract__warmup_steps=k.warmup_steps)
+    if first <= k.warmup_steps:
+        yield V("C01", f"the steady window starts at step {first}, inside the {k.warmup_steps} warmup steps",
+                f"contract.window=[{k.warmup_steps + 1},{max(last, k.warmup_steps + 1)}]",
+                contract__window=w, contract__warmup_steps=k.warmup_steps)
+    if last < first:
+        yield V("C01", f"the steady window [{first},{last}] ends before it starts", f"contract.window=[{first},{first}]", contract__window=w)
+    if last > iters:
+        yield V("C01", f"the steady window ends at step {last}, after the run's {iters} steps",
+                f"train.train_iters={last}", contract__window=w, train__train_iters=iters)
+
+
+# --------------------------------------------------------------------------- megatron-core version (V)
+
+@rule
+def v01_ep1_etp_grads(c: Ctx):
+    lo = c.layout
+    if c.m.num_moe_experts and lo.ep == 1 and lo.tp > 1 and lo.etp != lo.tp and c.mcore.ep1_etp_wrong_expert_grads:
+        yield V("V01", f"on megatron-core {c.mcore.version}, TP {lo.tp} with ETP {lo.etp} != TP and EP 1 silently "
+                "leaves expert gradients unsummed over TP (wrong training; fixed in 0.19)",
+                f"parallel.expert_model_parallel_size=2 (EP >= 2), or parallel.expert_tensor_parallel_size={lo.tp}",
+                parallel__tensor_model_parallel_size=lo.tp, parallel__expert_tensor_parallel_size=lo.etp,
+                parallel__expert_model_parallel_size=1)
+
+
+@rule
+def j01_job_context_parallel(c: Ctx):
+    """The admission of stage=run: the job feeds every CP rank whole sequences (it does not split them over
+    context-parallel ranks), so a CP layout is planned, searched and fitted, but not run."""
+    if c.cfg.stage == "run" and c.layout.cp > 1:
+        yield V("J01", f"the job does not split sequences over context-parallel ranks (CP {c.layout.cp}); "
+                "plan, search and fit CP layouts with stage=plan or stage=fit",
+                "parallel.context_parallel_size=1, or stage=plan", parallel__context_parallel_size=c.layout.cp,
+                stage="run")

@@ -1,0 +1,206 @@
+"""The analytic step time of a layout: what the layout search ranks by (a ranking aid, every term printed).
+
+Per rank and step, M = micro-batches per step, rows = s b / CP (/ TP with sequence parallelism), rates
+the hardware's peaks times the sustained fractions of ``step_model.*`` (calibrated, see below):
+
+    compute   the GEMMs' FLOPs x tokens/step x recompute / world: dense GEMMs (attention projections,
+              dense and shared MLPs, logits) at gemm_efficiency x peak; core attention at
+              attention_efficiency x peak; routed experts at gemm_efficiency x r / (r + expert_rows_half)
+              x peak, r = rows each expert GEMM gets per micro-batch (EP x ETP x rows x top-k / experts):
+              small grouped GEMMs run below the dense rate. Or, whichever is slower, the weights
+              streamed from HBM for every micro-batch (12 B per parameter: read forward, read for the
+              data gradient, fp32 main-grad read + write). Recompute: full +1/3 (a second forward),
+              selective + the recomputed attention's forward.
+    ep        4 x (MoE layers/rank) x M x rows x h x 2 B per token copy (dispatch + combine, forward +
+              backward): top-k x (EP-1)/EP copies, those to peers inside the NVLink domain over NVLink,
+              those to other nodes over the scale-out NIC; with a flex dispatcher (DeepEP, HybridEP) one
+              copy per other node reached (uniform routing, or the routing groups' node limit) instead
+              of one per expert. With EP overlap (overlap_moe_expert_parallel_comm), up to
+              ep_overlap_efficiency of the compute hides it.
+    etp       4 x (MoE layers/rank) x M x rows x top-k x h x 2 B x (ETP-1): tokens gathered to and
+              scattered from the expert-TP group
+    tp        8 x (layers/rank) x M x (s b / CP) x h x 2 B x (TP-1)/TP (all-gather / reduce-scatter pairs)
+    cp        3 x (layers/rank) x M x (CP-1) x (s b / CP) x 2 kv x 2 B / TP (the KV ring)
+    host      what the GPU waits for the host: host_ms per MoE (dense) layer per micro-batch, forward +
+              backward (x 4/3 with full recompute) — kernel launches and the dispatchers' device-to-host
+              syncs. The busy time is max(compute + ep + etp + tp + cp, host); ``host`` is the excess.
+    dp        dense params x 6 B x (DP CP - 1)/(DP CP) + expert params x 6 B x (EDP-1)/EDP (fp32
+              gradient reduce-scatter + bf16 parameter all-gather), over the scale-out network when the
+              world leaves the domain; with overlap_grad_reduce only what the backward pass (2/3 of
+              compute) cannot hide, and at least the last bucket (1 / (M x VPP) of it)
+    bubble    (PP-1) / (VPP x M) x busy
+    p2p       2 x VPP x M x rows x h x 2 B per stage boundary, scale-out when PP crosses nodes
+    step      the sum
+
+Communication runs at nvlink_efficiency x half the declared bidirectional NVLink bandwidth, or at
+scaleout_efficiency x the NIC's. Hardware without declared rates gets nominal ones (1 TFLOP/s, 10 GB/s,
+0.01 TB/s), so a ranking still exists.
+
+**Calibration.** The sustained fractions are fitted to published step times of Qwen3-235B-A22B on 256
+H100s measured with four layouts, dispatchers and overlap settings (``benchmarks/step_model_calibration.py``
+prints the fit, refits with ``--fit``, and lists the source). Four measurements cannot pin down every
+fraction, and they come from H100 only: treat the model as a ranking aid for choosing what to screen,
+and calibrate on your cluster (``step_model.*``) once screening gives you measurements. The model leaves
+out routing imbalance, network contention and kernel-level details.
+
+Pure: standard library only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from moe_hydra.core import flops, metrics
+from moe_hydra.core.layout import Layout
+from moe_hydra.core.resolved import Resolved
+
+NOMINAL_TFLOPS, NOMINAL_GB_S = 1.0, 10.0
+TERMS = ("compute", "ep", "etp", "tp", "cp", "host", "dp", "bubble", "p2p")
+
+
+@dataclass(frozen=True)
+class Published:
+    """A published measured step time and the overrides that express its run."""
+
+    name: str
+    overrides: tuple[str, ...]
+    layout: tuple[int, int, int, int | None, int, int, int]  # TP, CP, PP, VPP, EP, ETP, MBS
+    step_s: float
+
+
+# What the sustained fractions are fitted to: Megatron-MoE-ModelZoo, best_practice/Qwen3/readme.md
+# ("Performance Results": 256 H100, NVLink 4, InfiniBand 8 x 50 GB/s, seq 4096, GBS 2048, BF16, forced
+# load balancing), github.com/yanring/Megatron-MoE-ModelZoo at c1ad0b5c89f425d60febddc38e7f741a16f08bd1:
+# the four rows moe_hydra can express (the intra-node row on Megatron FSDP is left out: no FSDP here).
+_QWEN3_235B_H100 = ("model=qwen3_235b_a22b", "hardware=h100_sxm", "hardware.nodes=32", "train.global_batch_size=2048")
+_NORM_ACT = ("recompute=selective", "recompute.recompute_modules=[layernorm,moe_act]")
+PUBLISHED = (
+    Published("EP32 DeepEP (cross-node EP)", (*_QWEN3_235B_H100, "dispatcher=deepep", *_NORM_ACT),
+              (2, 1, 8, 4, 32, 1, 1), 19.7),
+    Published("EP32 DeepEP + EP overlap", (*_QWEN3_235B_H100, "dispatcher=deepep", *_NORM_ACT,
+                                           "overlap.overlap_moe_expert_parallel_comm=true"), (2, 1, 8, 4, 32, 1, 1), 17.6),
+    Published("EP8 PP32 alltoall (intra-node EP)", (*_QWEN3_235B_H100, "dispatcher=alltoall", *_NORM_ACT),
+              (2, 1, 32, 3, 8, 1, 1), 24.2),
+    Published("TP4 EP8 DeepEP (intra-node EP)", (*_QWEN3_235B_H100, "dispatcher=deepep", "recompute=none"),
+              (4, 1, 8, 4, 8, 1, 1), 29.0),
+)
+
+
+class StepModel:
+    """The step-time model for one config (model, hardware, batch, step_model fractions), rates read once."""
+
+    def __init__(self, r: Resolved):
+        """Rates from the plan's hardware, precision and ``step_model`` fractions; the model and the batch (the
+        layout search's candidates share them) from the plan."""
+        cfg, arch = r.cfg, r.arch
+        self.arch, self.world = arch, r.layout.world_size
+        hw, k = cfg.hardware, cfg.step_model
+        self.k = k
+        peak, _ = metrics.peak_tflops(hw, cfg.precision)
+        self.flops_s = (peak or NOMINAL_TFLOPS) * 1e12
+        self.nvlink = (hw.nvlink_bandwidth_gb_s or 2 * NOMINAL_GB_S) / 2 * 1e9 * k.nvlink_efficiency
+        self.scaleout = (hw.scaleout_bandwidth_gb_s or NOMINAL_GB_S) * 1e9 * k.scaleout_efficiency
+        self.hbm = (hw.hbm_bandwidth_tb_s or NOMINAL_GB_S / 1000) * 1e12
+        self.domain = hw.nvlink_domain_size
+        self.seq, self.gbs = r.batch.seq_length, r.batch.global_batch_size
+        self.groups, self.group_topk = cfg.model.moe_router_num_groups, cfg.model.moe_router_group_topk
+        self.overlap_grad_reduce = cfg.overlap.overlap_grad_reduce
+        fl = flops.flops_per_token(arch, self.seq)
+        # seconds per token at the sustained rates: dense GEMMs, core attention; experts apart (their rate
+        # depends on the layout)
+        self.dense_s = (fl.total - fl.routed_experts - fl.attention_core) / (k.gemm_efficiency * self.flops_s)
+        self.attention_s = fl.attention_core / (k.attention_efficiency * self.flops_s)
+        self.expert_flops = fl.routed_experts
+        self.recompute_flops = {"none": 1.0, "full": 4 / 3, "selective": 1 + (fl.attention_core / 3) / fl.total}
+        self.layers = arch.num_layers + arch.mtp
+        self.moe_layers = arch.n_moe + (arch.mtp if arch.mtp_is_moe else 0)
+        self._remote: dict[tuple[int, int, bool], float] = {}
+        self._mesh: dict[tuple, tuple] = {}
+
+    def remote_copies(self, lo: Layout, flex: bool) -> float:
+        """Copies of each token that cross the scale-out network in the all-to-all. The alltoall and
+        allgather dispatchers send one per routed expert on another node; the flex dispatchers
+        (DeepEP, HybridEP) one per other node routed to, forwarding inside the node over NVLink. Routing
+        is taken as uniform, or limited to ``moe_router_group_topk`` groups when the groups fall on nodes."""
+        key = (lo.ep, lo.etp, flex)
+        if key not in self._remote:
+            a, group = self.arch, lo.ep * lo.etp
+            nodes = math.ceil(group / self.domain)
+            if nodes <= 1:
+                copies = 0.0
+            elif flex:
+                reached = nodes * (1 - (1 - 1 / nodes) ** a.topk)
+                if self.groups and self.group_topk and self.groups % nodes == 0:
+                    reached = min(reached, self.group_topk)  # node-limited routing
+                copies = reached * (nodes - 1) / nodes
+            else:
+                copies = a.topk * (lo.ep - 1) / lo.ep * (1 - self.domain / group)
+            self._remote[key] = copies
+        return self._remote[key]
+
+    def terms(self, r: Resolved, dense_params: int, expert_params: int, recompute: str,
+              flex: bool = False, ep_overlap: bool = False) -> dict[str, float]:
+        """The step-time terms (seconds) of a resolved layout (of this model and batch), from the most loaded
+        rank's parameters, and their sum."""
+        return dict(zip((*TERMS, "step"), self._terms(r, dense_params, expert_params, recompute, flex, ep_overlap)))
+
+    def step(self, r: Resolved, dense_params: int, expert_params: int, recompute: str,
+             flex: bool = False, ep_overlap: bool = False) -> float:
+        """The step time alone (what comparing communication settings needs)."""
+        return self._terms(r, dense_params, expert_params, recompute, flex, ep_overlap)[-1]
+
+    def _terms(self, r: Resolved, dense_params: int, expert_params: int, recompute: str,
+               flex: bool, ep_overlap: bool) -> tuple[float, ...]:
+        lo, b = r.layout, r.batch
+        key = (lo.tp, lo.cp, lo.pp, lo.ep, lo.etp, lo.sp, b.micro_batch_size, b.micro_batches_per_step, recompute,
+               dense_params, expert_params)
+        mesh = self._mesh.get(key)
+        if mesh is None:  # all but the chunks' terms: the same for every VPP of a mesh
+            mesh = self._mesh[key] = self._mesh_terms(lo, dense_params, expert_params, b.micro_batch_size,
+                                                      b.micro_batches_per_step, recompute)
+        m, compute, ep_nvlink, ep_remote, etp, tp, cp, host, dp, p2p_per_chunk = mesh
+        ep = ep_nvlink + ep_remote[flex]
+        if ep_overlap:  # hidden under another micro-batch's compute
+            ep -= self.k.ep_overlap_efficiency * min(ep, compute)
+        gpu = compute + ep + etp + tp + cp
+        busy = max(gpu, host)
+        vpp = lo.vpp or 1
+        if self.overlap_grad_reduce:  # bucketed reduce-scatter under the backward pass (2/3 of compute)
+            dp = max(dp / (m * vpp), dp - 2 / 3 * compute)
+        bubble = (lo.pp - 1) / (vpp * m) * busy
+        p2p = vpp * p2p_per_chunk
+        return compute, ep, etp, tp, cp, busy - gpu, dp, bubble, p2p, busy + dp + bubble + p2p
+
+    def _mesh_terms(self, lo: Layout, dense_params: int, expert_params: int, mbs: int, m: int, recompute: str) -> tuple:
+        a, k, world, domain, nvl, out = self.arch, self.k, self.world, self.domain, self.nvlink, self.scaleout
+        seq_rows = self.seq * mbs / lo.cp
+        rows = seq_rows / lo.tp if lo.sp else seq_rows
+        tokens = self.gbs * self.seq * self.recompute_flops[recompute] / world
+        compute = max(tokens * (self.dense_s + self.attention_s), 12 * dense_params * m / self.hbm)
+        if self.expert_flops:
+            per_expert = lo.ep * lo.etp * rows * a.topk / a.experts
+            rate = k.gemm_efficiency * per_expert / (per_expert + k.expert_rows_half) * self.flops_s
+            compute += max(tokens * self.expert_flops / rate, 12 * expert_params * m / self.hbm)
+        layers, moe_layers = self.layers / lo.pp, self.moe_layers / lo.pp
+        ep_nvlink, ep_remote = 0.0, (0.0, 0.0)
+        if lo.ep > 1:
+            per_copy = 4 * moe_layers * m * rows * a.h * 2  # one token copy: dispatch + combine, fwd + bwd
+            inside = min(1.0, domain / (lo.ep * lo.etp))
+            ep_nvlink = per_copy * a.topk * (lo.ep - 1) / lo.ep * inside / nvl
+            ep_remote = tuple(per_copy * self.remote_copies(lo, flex) / out for flex in (False, True))
+        etp = 0.0
+        if lo.etp > 1:  # tokens all-gathered to and reduce-scattered from the expert-TP group, fwd + bwd
+            etp = (4 * moe_layers * m * rows * a.topk * a.h * 2 * (lo.etp - 1)
+                   / (nvl if lo.ep * lo.etp <= domain else out))
+        tp_bw = nvl if lo.tp * lo.cp <= domain else out
+        tp = 8 * layers * m * seq_rows * a.h * 2 * (lo.tp - 1) / lo.tp / tp_bw
+        cp = 3 * layers * m * (lo.cp - 1) * seq_rows * 2 * a.kv_width * 2 / lo.tp / tp_bw
+        host = (k.host_ms_per_moe_layer * moe_layers + k.host_ms_per_dense_layer * (layers - moe_layers)) \
+            * 1e-3 * m * (4 / 3 if recompute == "full" else 1.0)
+        dp_bw = nvl if world <= domain else out
+        dense_dp, edp = world // (lo.tp * lo.pp), world // (lo.ep * lo.etp * lo.pp)  # DP x CP, EDP
+        dp = (dense_params * 6 * (dense_dp - 1) / dense_dp + expert_params * 6 * (edp - 1) / edp) / dp_bw
+        p2p_bw = out if world // lo.pp >= domain and world > domain else nvl
+        p2p = 2 * m * rows * a.h * 2 / p2p_bw if lo.pp > 1 else 0.0
+        return m, compute, ep_nvlink, ep_remote, etp, tp, cp, host, dp, p2p

@@ -19,15 +19,18 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
 
-BARE_APP = f"""
+BARE_APP = """
+import sys
 import hydra
 from moe_hydra.core.schema import register_configs
+from moe_hydra.launch import points
 
 register_configs()
+points.register()  # conf/config.yaml selects this sweeper
+sys.argv.append("~hydra.callbacks.outcomes")  # Hydra alone: not moe_hydra's exit-code callback
 
-@hydra.main(config_path={str(ROOT / "conf")!r}, config_name="config", version_base="1.3")
+@hydra.main(config_path="pkg://moe_hydra.conf", config_name="config", version_base="1.3")
 def app(cfg):
     pass
 

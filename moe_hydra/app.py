@@ -22,13 +22,13 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from moe_hydra import cli
-from moe_hydra.core import env, io
+from moe_hydra.core import env, io, overrides
 from moe_hydra.core.resolved import Resolved, resolve
 from moe_hydra.core.schema import CONF_PACKAGE, Stage, register_configs
+from moe_hydra.core.violations import LayoutError
 from moe_hydra.launch import local, slurm
 from moe_hydra.launch import state as sweep
-from moe_hydra.planning import plan
-from moe_hydra.core.violations import LayoutError
+from moe_hydra.planning import plan, render
 
 log = logging.getLogger("moe_hydra")
 
@@ -86,11 +86,9 @@ def _sweep_context() -> tuple[list[str], str | None]:
     swept: list[str] = []
     multirun = sweep_dir / "multirun.yaml"
     if multirun.exists():
-        from hydra.core.override_parser.overrides_parser import OverridesParser
-
         mr = OmegaConf.load(multirun)
         task = OmegaConf.to_container(mr.hydra.overrides.task)
-        for o in OverridesParser.create().parse_overrides(task):
+        for o in overrides.parse(task):
             if o.is_sweep_override():
                 swept.append(o.key_or_group)
                 if o.key_or_group == "experiment":  # what the swept experiments set varies too
@@ -186,7 +184,7 @@ def run_point(cfg: DictConfig) -> str:
         return _run_slurm_task(cfg, obj, r, p, out_dir, rank, snapshot)
     io.write_json(p, out_dir / "plan.json")
     io.write_json(snapshot, out_dir / "env.json")
-    io.console().print(plan.render(p))
+    io.console().print(render.plan_table(p))
     log.info("plan written to %s", out_dir / "plan.json")
     if obj.stage is Stage.run:
         return _run_job(cfg, r, p, out_dir, snapshot)

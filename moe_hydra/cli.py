@@ -12,6 +12,7 @@ import difflib
 import typing
 from pathlib import Path
 
+from moe_hydra.core import overrides
 from moe_hydra.core.schema import Config, conf_dir, site_dir
 
 
@@ -89,8 +90,6 @@ def _values(override) -> list[str]:
 
 def check_overrides(args: list[str]) -> list[str]:
     """Problems found in ``args`` (empty when every key and group option exists)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     from hydra._internal.utils import get_args_parser
 
     parsed = get_args_parser().parse_args(args)
@@ -100,12 +99,12 @@ def check_overrides(args: list[str]) -> list[str]:
     if not candidates:
         return []
     try:
-        overrides = OverridesParser.create().parse_overrides(candidates)
+        parsed_overrides = overrides.parse(candidates)
     except Exception:  # noqa: BLE001 - a syntax error is Hydra's to report, with its own message
         return []
     all_groups = groups(search_path(args))
     problems = []
-    for o in overrides:
+    for o in parsed_overrides:
         key = o.key_or_group
         if key.startswith("hydra") or o.is_delete():
             continue

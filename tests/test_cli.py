@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -112,3 +113,21 @@ def test_multirun_flag_may_stand_between_overrides(cli, tmp_path):
     r = run_cli("stage=plan", "dispatcher=alltoall,allgather", "-m", f"hydra.sweep.dir={tmp_path}/m", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert len(list((tmp_path / "m").glob("*/plan.json"))) == 2
+
+
+def test_console_script_and_hydras_shell_completion(tmp_path):
+    script = Path(sys.executable).parent / "moe-hydra"
+    assert script.is_file(), "pip install -e . installs the moe-hydra console script beside the interpreter"
+    r = subprocess.run([str(script), "-sc", "install=bash"], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "hydra_bash_completion" in r.stdout and "complete" in r.stdout
+
+
+def test_context_parallel_is_planned_but_refused_by_a_rule_before_a_run_starts(cli, tmp_path):
+    r = cli("stage=plan", "hardware.devices_per_node=2", "attention_mesh=cp2")
+    assert r.returncode == 0, r.stderr
+    r = cli("hardware.devices_per_node=2", "attention_mesh=cp2")
+    assert r.returncode == 2 and "[J01]" in r.stderr and "Traceback" not in r.stderr
+    refused = json.loads((tmp_path / "run" / "violations.json").read_text())["violations"]
+    assert [v["rule"] for v in refused] == ["J01"]
+    assert not (tmp_path / "run" / "results.json").exists() and not (tmp_path / "run" / "ranks").exists()

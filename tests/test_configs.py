@@ -8,9 +8,9 @@ from omegaconf.errors import ValidationError
 
 from moe_hydra import cli
 from moe_hydra.core.layout import Layout
+from moe_hydra.core.resolved import resolve
 from moe_hydra.planning import rules
 from moe_hydra.planning.plan import make_plan
-from moe_hydra.core.resolved import resolve
 from tests.conftest import compose_config
 
 GROUPS = cli.groups()

@@ -8,9 +8,9 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
+from moe_hydra.core.resolved import resolve
 from moe_hydra.job import fit
 from moe_hydra.planning import plan
-from moe_hydra.core.resolved import resolve
 from tests.conftest import compose_config
 
 pytestmark = pytest.mark.slow

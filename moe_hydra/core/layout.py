@@ -36,9 +36,9 @@ class Layout:
     edp: int = field(init=False)  # expert data-parallel size (0 when the world does not divide)
 
     def __post_init__(self) -> None:
-        for name, size in (("dp", self.tp * self.cp * self.pp), ("edp", self.etp * self.ep * self.pp)):
-            q, r = divmod(self.world_size, size) if size > 0 else (0, 1)
-            object.__setattr__(self, name, 0 if r else q)
+        w, attention, expert = self.world_size, self.tp * self.cp * self.pp, self.etp * self.ep * self.pp
+        object.__setattr__(self, "dp", w // attention if attention > 0 and w % attention == 0 else 0)
+        object.__setattr__(self, "edp", w // expert if expert > 0 and w % expert == 0 else 0)
 
     @classmethod
     def from_config(cls, cfg: Any) -> "Layout":

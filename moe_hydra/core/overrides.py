@@ -8,6 +8,8 @@ command line would (``group=option`` merges ``conf/<group>/<option>.yaml``, ``a.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import re
 from dataclasses import replace
 from typing import Any
@@ -35,20 +37,38 @@ def override(key: str, v: Any) -> str:
 
 def parse(overrides: list[str]) -> list:
     """Hydra's parse of ``overrides`` (``hydra.core.override_parser.types.Override`` objects)."""
+    return _parser().parse_overrides(list(overrides))
+
+
+@functools.lru_cache(maxsize=1)
+def _parser():
+    """Hydra's override parser, made once (building it costs milliseconds)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    return OverridesParser.create().parse_overrides(list(overrides))
+    return OverridesParser.create()
 
 
 def preset(group: str, option: str, node: Any) -> Any:
     """``conf/<group>/<option>.yaml`` applied over ``node`` (a typed config node), as choosing it on the command
-    line would."""
-    from omegaconf import OmegaConf
+    line would. Kept by the node's field values: the suggestions and the search apply the same presets to the
+    same nodes many times (the result is shared; nodes are replaced, never changed in place)."""
+    key = (group, option, type(node), _hashable(dataclasses.astuple(node)))
+    found = _PRESETS.get(key)
+    if found is None:
+        from omegaconf import OmegaConf
 
-    from moe_hydra.core.schema import conf_dir
+        from moe_hydra.core.schema import conf_dir
 
-    merged = OmegaConf.merge(OmegaConf.structured(node), OmegaConf.load(conf_dir() / group / f"{option}.yaml"))
-    return OmegaConf.to_object(merged)
+        merged = OmegaConf.merge(OmegaConf.structured(node), OmegaConf.load(conf_dir() / group / f"{option}.yaml"))
+        found = _PRESETS[key] = OmegaConf.to_object(merged)
+    return found
+
+
+_PRESETS: dict[tuple, Any] = {}
+
+
+def _hashable(v: Any) -> Any:
+    return tuple(_hashable(x) for x in v) if isinstance(v, (list, tuple)) else v
 
 
 def apply(cfg: Any, overrides: list[str]) -> Any:
@@ -61,9 +81,13 @@ def apply(cfg: Any, overrides: list[str]) -> Any:
             cfg = replace(cfg, **{key: preset(key, value, getattr(cfg, key))})
             continue
         section, path = key.split(".", 1)
-        node = OmegaConf.structured(getattr(cfg, section))
-        OmegaConf.update(node, path, value, merge=False)
-        cfg = replace(cfg, **{section: OmegaConf.to_object(node)})
+        node = getattr(cfg, section)
+        if "." in path or not dataclasses.is_dataclass(node):  # deeper than section.field: OmegaConf walks it
+            typed = OmegaConf.structured(node)
+            OmegaConf.update(typed, path, value, merge=False)
+            cfg = replace(cfg, **{section: OmegaConf.to_object(typed)})
+        else:
+            cfg = replace(cfg, **{section: replace(node, **{path: value})})
     return cfg
 
 

@@ -19,7 +19,8 @@ repeats), where percentile bootstraps are too narrow. Step times within one run 
 (drift, shared-machine noise): with one run per arm the verdict covers within-run noise only, and says
 so; repeat the arms for a run-level verdict. Warmup steps never enter.
 
-scipy is imported inside the functions that use it.
+The test and the interval are scipy's (``scipy.stats.ttest_ind(b, a, equal_var=False)`` and its
+``confidence_interval``); scipy is imported inside the functions that use it.
 """
 
 from __future__ import annotations
@@ -67,18 +68,16 @@ def welch(a: list[float], b: list[float], unit: str, floor: float = 0.0, confide
     if len(a) < 2 or len(b) < 2:
         raise ValueError(f"each arm needs at least 2 samples, got {len(a)} and {len(b)}")
     ma, mb = statistics.fmean(a), statistics.fmean(b)
-    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
-    se = math.sqrt(va + vb)
     d = mb - ma
-    if se == 0:
-        df, p, half, mde_t = float("inf"), (0.0 if d else 1.0), 0.0, 0.0
+    if statistics.variance(a) == statistics.variance(b) == 0:  # no spread: scipy's t is undefined here
+        df, p, lo, hi, mde_t = float("inf"), (0.0 if d else 1.0), d, d, 0.0
     else:
-        df = (va + vb) ** 2 / ((va**2 / (len(a) - 1)) + (vb**2 / (len(b) - 1)))
-        tq = st.t.ppf(0.5 + confidence / 2, df)
-        half = tq * se
-        p = 2 * st.t.sf(abs(d) / se, df)
-        mde_t = (tq + st.t.ppf(power, df)) * se
-    lo, hi = d - half, d + half
+        test = st.ttest_ind(b, a, equal_var=False)  # Welch; df is Welch-Satterthwaite's
+        df, p = float(test.df), float(test.pvalue)
+        interval = test.confidence_interval(confidence)
+        lo, hi = float(interval.low), float(interval.high)
+        se = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
+        mde_t = (st.t.ppf(0.5 + confidence / 2, df) + st.t.ppf(power, df)) * se
     verdict = SLOWER if lo / ma > floor else FASTER if hi / ma < -floor else SAME
 
     def tokens(delta: float) -> float:
@@ -94,5 +93,7 @@ def mean_interval(xs: list[float], confidence: float = 0.95) -> tuple[float, flo
     from scipy import stats as st
 
     mean = statistics.fmean(xs)
-    half = st.t.ppf(0.5 + confidence / 2, len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
-    return mean, mean - half, mean + half
+    if statistics.stdev(xs) == 0:
+        return mean, mean, mean
+    low, high = st.t.interval(confidence, len(xs) - 1, loc=mean, scale=st.sem(xs))
+    return mean, float(low), float(high)

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from moe_hydra.core import overrides
+
 
 @dataclass(frozen=True, slots=True)
 class Violation:
@@ -18,18 +20,8 @@ class Violation:
     fix: str  # an override (or a choice of overrides) that makes the rule hold
 
     def render(self) -> str:
-        where = "  ".join(f"{k}={fmt(v)}" for k, v in self.fields)
+        where = "  ".join(overrides.override(k, v) for k, v in self.fields)
         return f"[{self.rule}] {self.message}\n        {where}\n        fix: {self.fix}"
-
-
-def fmt(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return str(v).lower()
-    if isinstance(v, (list, tuple)):
-        return "[" + ",".join(fmt(x) for x in v) + "]"
-    return str(getattr(v, "value", v))
 
 
 class LayoutError(ValueError):

@@ -29,7 +29,6 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-
 from moe_hydra.core import metrics
 from moe_hydra.core.io import write_json
 from moe_hydra.core.resolved import Resolved
@@ -269,13 +268,9 @@ class Job:
         return forward_step
 
     def run(self, out_dir: Path) -> dict[str, Any] | None:
-        import torch
+        """Build, train over the contract's steps, measure; rank 0 writes and returns ``results.json``."""
         import torch.distributed as dist
         from megatron.core import parallel_state as ps
-        from megatron.core.pipeline_parallel import get_forward_backward_func
-
-        from moe_hydra.job import telemetry
-        from moe_hydra.job.data import MockData
 
         self._init_distributed()
         if self.rank == 0:
@@ -284,113 +279,136 @@ class Job:
             # the planner's snapshot (taken on this machine), plus what only a process with torch can see
             write_json({**(self.env_snapshot or env.snapshot()), "runtime": env.runtime()}, out_dir / "env.json")
         tcfg = self.transformer_config()
-        chunks = self.build_model(tcfg)
-        model, optimizer = self.wrap_and_optimizer(tcfg, chunks)
-        cfg, plan = self.cfg, self.plan
-        t, contract, batch = cfg.train, cfg.contract, self.r.batch
+        model, optimizer = self.wrap_and_optimizer(tcfg, self.build_model(tcfg))
         if ps.get_data_parallel_world_size() != self.r.layout.dp:
             raise RuntimeError(f"Megatron-Core built DP {ps.get_data_parallel_world_size()}, the plan DP {self.r.layout.dp}")
-        data = MockData(cfg.model.vocab_size, batch.seq_length, batch.micro_batch_size, batch.global_batch_size,
-                        batch.micro_batches_per_step, cfg.data.seed)
-        dp_rank = ps.get_data_parallel_rank()
-        forward_backward = get_forward_backward_func()
-        forward_step = self._forward_step(data, tcfg)
-        last_stage = ps.is_pipeline_last_stage(ignore_virtual=True)
-        gpu = telemetry.open_gpu(self.local_rank) if self.on_gpu else None
-        peak, peak_field = metrics.peak_tflops(cfg.hardware, cfg.precision)
-        tokens_per_step = batch.tokens_per_step
-        fpt = plan["flops_per_token"]
-        records: list[metrics.StepRecord] = []
-        samples = []
-        progress = _Progress(t.train_iters) if self.rank == 0 else None
-
-        first, last = contract.window
-        for step in range(1, t.train_iters + 1):
-            if step == first:
-                window_start = time.perf_counter()
-            batches = [data.batch(step - 1, dp_rank, mb) for mb in range(data.microbatches)]
-            iterators = [iter(batches) for _ in model]  # one pass over the step's micro-batches per model chunk
-            if step == t.fail_at_step:
-                raise RuntimeError(f"train.fail_at_step={step}: failing on purpose")
-            dist.barrier()
-            if self.on_gpu:
-                start_evt, end_evt = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start_evt.record()
-            t0 = time.perf_counter()
-            for m in model:
-                m.zero_grad_buffer()
-            optimizer.zero_grad()
-            losses = forward_backward(
-                forward_step_func=forward_step,
-                data_iterator=iterators if len(model) > 1 else iterators[0],
-                model=model if len(model) > 1 else model[0],
-                num_microbatches=data.microbatches,
-                seq_length=batch.seq_length,
-                micro_batch_size=batch.micro_batch_size,
-                forward_only=False,
-            )
-            ok, grad_norm, _ = optimizer.step()
-            host_ms = device_ms = None
-            if self.on_gpu:
-                host_ms = (time.perf_counter() - t0) * 1e3
-                end_evt.record()
-                torch.cuda.synchronize()
-                device_ms = start_evt.elapsed_time(end_evt)
-            wall_ms = (time.perf_counter() - t0) * 1e3
-            local_loss = (sum(float(x["lm loss"]) for x in losses) / len(losses)) if (last_stage and losses) else 0.0
-            stats = torch.tensor([wall_ms, host_ms or 0.0, device_ms or 0.0], device=self.device, dtype=torch.float64)
-            dist.all_reduce(stats, op=dist.ReduceOp.MAX)
-            loss = torch.tensor([local_loss], device=self.device, dtype=torch.float64)
-            dist.all_reduce(loss, group=ps.get_data_parallel_group(with_context_parallel=True))
-            loss /= ps.get_data_parallel_world_size(with_context_parallel=True)
-            if ps.get_pipeline_model_parallel_world_size() > 1:
-                dist.all_reduce(loss, group=ps.get_pipeline_model_parallel_group())
-            rec = metrics.StepRecord(
-                step=step, time_ms=float(stats[0]), loss=float(loss[0]),
-                host_ms=float(stats[1]) if self.on_gpu else None, device_ms=float(stats[2]) if self.on_gpu else None,
-                grad_norm=float(grad_norm) if grad_norm is not None else None, skipped=not ok,
-                memory_gib=self._memory_gib(),
-            )
-            records.append(rec)
-            if gpu is not None:
-                samples.append({"step": step, **gpu.sample()})
-            if self.rank == 0:
-                progress.update(step)
-                if step % t.log_interval == 0 or step == t.train_iters:
-                    progress.log(metrics.log_line(rec, tokens_per_step, self.world, fpt, peak, rec.memory_gib))
-            if step == last:
-                loop_ms = (time.perf_counter() - window_start) * 1e3 / (last - first + 1)
-        if progress is not None:
-            progress.close()
-        memory = self._peak_memory()
+        records, samples, loop_ms = self._train(tcfg, model, optimizer)
+        memory = self._peak_memory()  # a collective: every rank
         evidence = self._evidence(tcfg, model, optimizer)
         results = None
         if self.rank == 0:
-            results = {
-                **plan,
-                "stage": "run",
-                "status": "ok",
-                **metrics.summarize(records, window=list(contract.window), warmup_steps=contract.warmup_steps,
-                                    tokens_per_step=tokens_per_step, world_size=self.world,
-                                    flops_per_token=fpt, peak=peak),
-                "step_time_counter": ("CUDA events around each step (device) and the host clock, max over ranks"
-                                      if self.on_gpu else "time.perf_counter around each step, max over ranks"),
-                "window_counter": f"mean of steps {contract.window[0]}..{contract.window[1]}; "
-                                  f"steps 1..{contract.warmup_steps} are warmup",
-                # wall time per window step on rank 0 including everything between steps (data, sync of
-                # the measurements, logging): what the harness costs on top of the timed steps
-                "window_loop_ms_per_step": loop_ms,
-                "peak_tflops": peak,
-                "peak_tflops_field": peak_field,
-                **memory,
-                "telemetry": samples if gpu is not None else None,
-                "evidence": evidence,
-            }
+            results = self._results(records, samples, loop_ms, memory, evidence)
             write_json(results, out_dir / "results.json")
         dist.barrier()
         ps.destroy_model_parallel()
         dist.destroy_process_group()
         return results
+
+    def _train(self, tcfg, model, optimizer) -> tuple[list[metrics.StepRecord], list[dict], float]:
+        """Every step of the contract: (step records, GPU telemetry samples, wall ms per window step on rank 0)."""
+        from megatron.core import parallel_state as ps
+
+        from moe_hydra.job import telemetry
+        from moe_hydra.job.data import MockData
+
+        cfg, batch, t = self.cfg, self.r.batch, self.cfg.train
+        data = MockData(cfg.model.vocab_size, batch.seq_length, batch.micro_batch_size, batch.global_batch_size,
+                        batch.micro_batches_per_step, cfg.data.seed)
+        dp_rank = ps.get_data_parallel_rank()
+        forward_step = self._forward_step(data, tcfg)
+        gpu = telemetry.open_gpu(self.local_rank) if self.on_gpu else None
+        peak, _ = metrics.peak_tflops(cfg.hardware, cfg.precision)
+        records: list[metrics.StepRecord] = []
+        samples = []
+        progress = _Progress(t.train_iters) if self.rank == 0 else None
+        first, last = cfg.contract.window
+        loop_ms = window_start = 0.0
+        for step in range(1, t.train_iters + 1):
+            if step == first:
+                window_start = time.perf_counter()
+            batches = [data.batch(step - 1, dp_rank, mb) for mb in range(data.microbatches)]
+            if step == t.fail_at_step:
+                raise RuntimeError(f"train.fail_at_step={step}: failing on purpose")
+            rec = self._step(step, model, optimizer, forward_step, batches)
+            records.append(rec)
+            if gpu is not None:
+                samples.append({"step": step, **gpu.sample()})
+            if progress is not None:
+                progress.update(step)
+                if step % t.log_interval == 0 or step == t.train_iters:
+                    progress.log(metrics.log_line(rec, batch.tokens_per_step, self.world, self.plan["flops_per_token"],
+                                                  peak, rec.memory_gib))
+            if step == last:
+                loop_ms = (time.perf_counter() - window_start) * 1e3 / (last - first + 1)
+        if progress is not None:
+            progress.close()
+        return records, (samples if gpu is not None else None), loop_ms
+
+    def _step(self, step: int, model, optimizer, forward_step, batches) -> metrics.StepRecord:
+        """One timed step on every rank, after a barrier: forward/backward through Megatron's schedule and the
+        optimizer step. Its time is the slowest rank's; its loss the global batch's."""
+        import torch
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        batch = self.r.batch
+        iterators = [iter(batches) for _ in model]  # one pass over the step's micro-batches per model chunk
+        dist.barrier()
+        if self.on_gpu:
+            start_evt, end_evt = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start_evt.record()
+        t0 = time.perf_counter()
+        for m in model:
+            m.zero_grad_buffer()
+        optimizer.zero_grad()
+        losses = get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iterators if len(model) > 1 else iterators[0],
+            model=model if len(model) > 1 else model[0],
+            num_microbatches=batch.micro_batches_per_step,
+            seq_length=batch.seq_length,
+            micro_batch_size=batch.micro_batch_size,
+            forward_only=False,
+        )
+        ok, grad_norm, _ = optimizer.step()
+        host_ms = device_ms = None
+        if self.on_gpu:
+            host_ms = (time.perf_counter() - t0) * 1e3
+            end_evt.record()
+            torch.cuda.synchronize()
+            device_ms = start_evt.elapsed_time(end_evt)
+        wall_ms = (time.perf_counter() - t0) * 1e3
+        last_stage = ps.is_pipeline_last_stage(ignore_virtual=True)
+        local_loss = (sum(float(x["lm loss"]) for x in losses) / len(losses)) if (last_stage and losses) else 0.0
+        stats = torch.tensor([wall_ms, host_ms or 0.0, device_ms or 0.0], device=self.device, dtype=torch.float64)
+        dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+        loss = torch.tensor([local_loss], device=self.device, dtype=torch.float64)
+        dist.all_reduce(loss, group=ps.get_data_parallel_group(with_context_parallel=True))
+        loss /= ps.get_data_parallel_world_size(with_context_parallel=True)
+        if ps.get_pipeline_model_parallel_world_size() > 1:
+            dist.all_reduce(loss, group=ps.get_pipeline_model_parallel_group())
+        return metrics.StepRecord(
+            step=step, time_ms=float(stats[0]), loss=float(loss[0]),
+            host_ms=float(stats[1]) if self.on_gpu else None, device_ms=float(stats[2]) if self.on_gpu else None,
+            grad_norm=float(grad_norm) if grad_norm is not None else None, skipped=not ok,
+            memory_gib=self._memory_gib(),
+        )
+
+    def _results(self, records, samples, loop_ms: float, memory: dict, evidence: dict) -> dict[str, Any]:
+        """``results.json``: the plan's record, the steady window's figures and what produced each."""
+        cfg, contract = self.cfg, self.cfg.contract
+        peak, peak_field = metrics.peak_tflops(cfg.hardware, cfg.precision)
+        return {
+            **self.plan,
+            "stage": "run",
+            "status": "ok",
+            **metrics.summarize(records, window=list(contract.window), warmup_steps=contract.warmup_steps,
+                                tokens_per_step=self.r.batch.tokens_per_step, world_size=self.world,
+                                flops_per_token=self.plan["flops_per_token"], peak=peak),
+            "step_time_counter": ("CUDA events around each step (device) and the host clock, max over ranks"
+                                  if self.on_gpu else "time.perf_counter around each step, max over ranks"),
+            "window_counter": f"mean of steps {contract.window[0]}..{contract.window[1]}; "
+                              f"steps 1..{contract.warmup_steps} are warmup",
+            # wall time per window step on rank 0 including everything between steps (data, sync of the
+            # measurements, logging): what the harness costs on top of the timed steps
+            "window_loop_ms_per_step": loop_ms,
+            "peak_tflops": peak,
+            "peak_tflops_field": peak_field,
+            **memory,
+            "telemetry": samples,
+            "evidence": evidence,
+        }
 
     # ------------------------------------------------------------------ measurements
 

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -103,7 +102,7 @@ class LayoutSweeperImpl(Sweeper):
     # ------------------------------------------------------------------ the search
 
     def sweep(self, arguments: list[str]) -> Any:
-        parsed = OverridesParser.create().parse_overrides(arguments)
+        parsed = overrides.parse(arguments)
         sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
         if sweeps:
             return self._outcome("INVALID", f"hydra/sweeper=layout searches the layout; it does not also sweep "

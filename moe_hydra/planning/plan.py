@@ -1,18 +1,21 @@
-"""``stage=plan``: validate a composed config and describe what it would run.
+"""``stage=plan``: check a resolved plan and describe what it would run.
 
-compose -> :func:`make_plan` (rules, layout, parameter and FLOPs counts, label) -> ``plan.json``
-and a rich table. A plan is a plain dict so the later stages (launch, compare, search) and tests read
-it without this module. Planning never imports torch or megatron.
+resolved plan -> :func:`assess` (rules, per-rank parameters, memory) -> :func:`make_plan` (counts, FLOPs,
+label, contract) -> ``plan.json`` (printed by :mod:`moe_hydra.planning.render`). A plan is a plain dict so
+the later stages (launch, compare) and tests read it without this module. Planning never imports torch or
+megatron.
 
 ``plan.json`` keys:
-    world_size, min_gpus         world = nodes x devices_per_node; min = PP x lcm(TP x CP, EP x ETP)
-    parallel                     the seven Megatron sizes + data_parallel_size, expert_data_parallel_size
-    experts_per_rank             routed experts on each expert-parallel rank
+    world_size, min_gpus, layout, parallel, experts_per_rank, pipeline, batch, seq_length, implementation
+                                 the resolved plan (moe_hydra.core.resolved.Resolved.as_dict): both meshes in
+                                 Megatron's names + data_parallel_size, expert_data_parallel_size; what each
+                                 pipeline rank holds; the batch; the layers, attention, experts and Adam
+                                 that run and where that was decided
     params_total, params_active  whole model (MTP included); active = with top-k experts
     params_per_rank              the most-loaded rank (max over pipeline stages)
     params_per_stage             one rank of each pipeline stage: dense / expert / total
     flops_per_token, flops_counter, flops_breakdown   model FLOPs at train.seq_length
-    layer_spec                   transformer_engine (GPU) or local (CPU): the spec the counts assume
+    layer_spec                   implementation.layer_spec: the spec the counts assume
     memory                       per-rank estimate in GiB (moe_hydra.planning.memory): the most-loaded rank's
                                  weights / gradients / optimizer / activations / allowance / total,
                                  breakdown, per_stage, capacity, margin, excluded
@@ -20,7 +23,6 @@ it without this module. Planning never imports torch or megatron.
     memory_suggestions           when it does not fit: the workflow's next steps, each with its
                                  overrides and estimate (selective -> full recompute -> offload -> more
                                  model parallelism)
-    batch                        micro / global batch, micro-batches per step, tokens per step
     label, label_reasons         training-equivalent or benchmark-only, and why
     contract, contract_hash, contract_full_hash, swept   what must stay fixed between arms (contract.py)
     megatron_core                version the version-dependent rules were checked against
@@ -197,74 +199,3 @@ def make_plan(r: Resolved, swept: list[str] | None = None, env: dict[str, Any] |
         "megatron_core": {"version": mcore.version, "installed": mcore.installed},
         "notes": _notes(r),
     }
-
-
-def _si(n: float, billion: str = "B") -> str:
-    for unit, scale in (("T", 1e12), (billion, 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f}{unit}"
-    return f"{n:.0f}"
-
-
-def _memory_rows(t, plan: dict[str, Any]) -> None:
-    m = plan["memory"]
-    unit, scale = ("GiB", 1) if m["total"] >= 1 else ("MiB", 1024)  # the tiny model's few MiB stay readable
-    flight = m["breakdown"]["in_flight_microbatches"]
-    parts = (f"weights {m['weights'] * scale:.1f} + gradients {m['gradients'] * scale:.1f} + optimizer "
-             f"{m['optimizer'] * scale:.1f} + activations {m['activations'] * scale:.1f} "
-             f"({flight:g} micro-batch{'' if flight == 1 else 'es'} in flight) + allowance {m['allowance'] * scale:.1f}")
-    t.add_row("memory / rank", f"{m['total'] * scale:.2f} {unit} on pipeline rank {m['most_loaded_pp_rank']} "
-              f"(the most loaded): {parts}")
-    if len(m["per_stage"]) > 1:
-        t.add_row("memory per stage", ", ".join(f"{s['pp_rank']}: {s['total'] * scale:.1f}" for s in m["per_stage"])
-                  + f" {unit}")
-    fits = plan["fits"]
-    if fits is None:
-        t.add_row("fits", "unknown: the hardware declares no device memory (hardware.memory_gib)")
-    else:
-        verdict = "[green]yes[/]" if fits else "[bold red]no[/]"
-        t.add_row("fits", f"{verdict}: {m['total']:.1f} of {m['capacity']} GiB, margin {m['margin']:.1f} GiB")
-    from rich.markup import escape
-
-    for s in plan["memory_suggestions"]:
-        mark = "fits" if s["fits"] else "does not fit"
-        t.add_row("next step", escape(f"{' '.join(s['overrides'])}: {s['total_gib']:.1f} GiB ({mark})"))
-
-
-def render(plan: dict[str, Any]):
-    """A rich table of the plan (rich is imported here only)."""
-    from rich.table import Table
-
-    p = plan["parallel"]
-    t = Table(title=f"plan: {plan['model']} on {plan['world_size']} x {plan['hardware']}", show_header=False,
-              title_justify="left")
-    t.add_column(style="bold cyan", no_wrap=True)
-    t.add_column()
-    vpp = p["virtual_pipeline_model_parallel_size"]
-    t.add_row("attention mesh", f"TP {p['tensor_model_parallel_size']} x CP {p['context_parallel_size']} x "
-              f"DP {p['data_parallel_size']} x PP {p['pipeline_model_parallel_size']}"
-              + (f" (VPP {vpp})" if vpp else "") + (" , SP" if p["sequence_parallel"] else ""))
-    t.add_row("expert mesh", f"ETP {p['expert_tensor_parallel_size']} x EP {p['expert_model_parallel_size']} x "
-              f"EDP {p['expert_data_parallel_size']} x PP {p['pipeline_model_parallel_size']}")
-    t.add_row("world size", f"{plan['world_size']} (minimum for this layout: {plan['min_gpus']})")
-    t.add_row("experts per rank", str(plan["experts_per_rank"]))
-    t.add_row("parameters", f"{_si(plan['params_total'])} total, {_si(plan['params_active'])} active, "
-              f"{_si(plan['params_per_rank'])} on the most-loaded rank")
-    stages = plan["params_per_stage"]
-    if len(stages) > 1:
-        t.add_row("per PP stage", ", ".join(f"{s['pp_rank']}: {_si(s['total'])} ({s['layers']} layers)" for s in stages))
-    b = plan["batch"]
-    t.add_row("batch", f"MBS {b['micro_batch_size']}, GBS {b['global_batch_size']} "
-              f"({b['micro_batches_per_step']} micro-batches/step), seq {plan['seq_length']}, "
-              f"{_si(b['tokens_per_step'])} tokens/step")
-    t.add_row("model FLOPs/token", f"{_si(plan['flops_per_token'], 'G')} FLOP ({plan['flops_counter']})")
-    _memory_rows(t, plan)
-    label = plan["label"] + (f": {'; '.join(plan['label_reasons'])}" if plan["label_reasons"] else "")
-    t.add_row("label", label)
-    t.add_row("contract", f"{plan['contract_hash']} (full {plan['contract_full_hash']})"
-              + (f", excluding swept {', '.join(plan['swept'])}" if plan["swept"] else ""))
-    mc = plan["megatron_core"]
-    t.add_row("megatron-core", f"{mc['version']}" + ("" if mc["installed"] else " (not installed: rules of the newest supported)"))
-    for note in plan["notes"]:
-        t.add_row("note", note)
-    return t

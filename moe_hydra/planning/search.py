@@ -242,7 +242,11 @@ class Search:
         self.comm_kinds = [kind for kind in ("mesh", "pipeline", "recompute") if any(x.comm for x in rules.RULES
                                                                                     if x.reads == kind)]
         self.keys = {kind: cache_key(kind, settings=("recompute", "dispatcher", "overlap")) for kind in READS}
-        self.settings_keys: dict[tuple, tuple] = {}  # (kind, level, comm): the values at the setting's paths
+        # (kind, level, comm): the values at the paths of a recompute level and communication setting, the same
+        # for every candidate (None: the base's)
+        self.settings_parts = {
+            (kind, level, comm): self.keys[kind][1](self.base.with_settings(**self._settings(level, comm)))
+            for kind in READS for level in (None, *self.recompute) for comm in (None, *self.comms)}
         self.fixed_violations = rules.check(self.base, self.mcore, reads=("fixed",))
         self.rule_cache: dict[tuple, list] = {}
         self.messages: dict[tuple, list[str]] = {}
@@ -307,16 +311,13 @@ class Search:
         resolved only when the rules must run."""
         level = None if level == self.base_name else level
         comm = None if comm == self.comms[0] else comm
-        r = self.resolved(c)  # kept in the memo with the candidate's other values
-        memo = self._memo[1]
+        if self._memo[0] is not c:
+            self.resolved(c)
+        memo = self._memo[1]  # the candidate's plan and the values it was keyed by
         plan_part = memo.get(kind)
         if plan_part is None:
-            plan_part = memo[kind] = self.keys[kind][0](r)
-        settings_part = self.settings_keys.get((kind, level, comm))
-        if settings_part is None:
-            settings_part = self.settings_keys[kind, level, comm] = self.keys[kind][1](
-                self.base.with_settings(**self._settings(level, comm)))
-        key = (kind, comm_only, plan_part, settings_part)
+            plan_part = memo[kind] = self.keys[kind][0](memo[None, None])
+        key = (kind, comm_only, plan_part, self.settings_parts[kind, level, comm])
         found = self.rule_cache.get(key)
         if found is None:
             found = self.rule_cache[key] = rules.check(self.resolved(c, level, comm), self.mcore, reads=(kind,),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from moe_hydra.core.resolved import Resolved
 from moe_hydra.core.versions import McoreFacts, mcore_facts
+
 # importing registers their rules, in this order: the layout first, then the features
 from moe_hydra.planning.rules import layout_rules  # noqa: F401  # isort: skip
 from moe_hydra.planning.rules import feature_rules  # noqa: F401  # isort: skip

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 from moe_hydra.core.arch import Arch
 from moe_hydra.core.layout import Layout
+from moe_hydra.core.overrides import text as _fmt  # noqa: F401 (the rules' vocabulary)
 from moe_hydra.core.resolved import Batch, Resolved
 from moe_hydra.core.versions import McoreFacts
-from moe_hydra.core.violations import LayoutError, V, Violation, fmt as _fmt  # noqa: F401 (the rules' vocabulary)
+from moe_hydra.core.violations import LayoutError, V, Violation  # noqa: F401
 
 
 @dataclass(slots=True)

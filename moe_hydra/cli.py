@@ -36,8 +36,8 @@ def search_path(args: list[str]) -> list[Path]:
     """The ``file://`` directories of a ``hydra.searchpath=[...]`` override (the layout search writes one)."""
     for a in args:
         if a.startswith("hydra.searchpath="):
-            return [Path(p.strip().strip("'\"")[len("file://"):]) for p in a.split("=", 1)[1].strip("[]").split(",")
-                    if p.strip().strip("'\"").startswith("file://")]
+            (o,) = overrides.parse([a])
+            return [Path(p[len("file://"):]) for p in o.value() if p.startswith("file://")]
     return []
 
 

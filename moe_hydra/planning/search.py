@@ -274,15 +274,19 @@ class Search:
     def config(self, c: Candidate, level: str | None = None, comm: Comm | None = None) -> Any:
         """The config of a candidate (at a recompute level, with a communication setting): the base config with
         the candidate's fields, as the overrides of its layouts.json row would set them."""
-        return type(self.cfg)(**{**self._config_kw, **self._settings(level, comm),
-                                 "parallel": type(self.cfg.parallel)(**{**self._parallel_kw, **c.fields()}),
-                                 "train": type(self.cfg.train)(**{**self._train_kw, "micro_batch_size": c.mbs})})
+        kw = {**self._config_kw, "parallel": type(self.cfg.parallel)(**{**self._parallel_kw, **c.fields()}),
+              "train": type(self.cfg.train)(**{**self._train_kw, "micro_batch_size": c.mbs})}
+        if level is not None or comm is not None:
+            kw.update(self._settings(level, comm))
+        return type(self.cfg)(**kw)
 
     def resolved(self, c: Candidate, level: str | None = None, comm: Comm | None = None) -> Resolved:
         """The candidate's resolved plan: the same constructor as stage=plan's, with this search's model facts
         and implementation (kept for the candidate being evaluated, by level and setting)."""
-        level = None if level == self.base_name else level
-        comm = None if comm == self.comms[0] else comm
+        if level == self.base_name:
+            level = None
+        if comm is not None and comm == self.comms[0]:
+            comm = None
         if self._memo[0] is not c:
             self._memo = (c, {})
         r = self._memo[1].get((level, comm))
@@ -309,8 +313,10 @@ class Search:
         cached by the values those rules read (:func:`cache_key`): the candidate's plan's values outside the
         settings (once per candidate) and the setting's own (once per search); the plan at that setting is
         resolved only when the rules must run."""
-        level = None if level == self.base_name else level
-        comm = None if comm == self.comms[0] else comm
+        if level == self.base_name:
+            level = None
+        if comm is not None and comm == self.comms[0]:
+            comm = None
         if self._memo[0] is not c:
             self.resolved(c)
         memo = self._memo[1]  # the candidate's plan and the values it was keyed by

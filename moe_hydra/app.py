@@ -50,7 +50,7 @@ class Outcomes(Callback):
         num = OmegaConf.select(config, "hydra.job.num", default=None)
         overrides = " ".join(job_return.overrides or []) or "(defaults)"
         multirun = OmegaConf.select(config, "hydra.mode", default=None) == RunMode.MULTIRUN
-        name = f"#{num} {overrides}" if multirun and (num or 0) >= 0 else overrides
+        name = f"#{num} {overrides}" if multirun and num is not None and num >= 0 else overrides
         self.outcomes.append((name, sweep.state_of(job_return)))
         error = job_return._return_value
         if isinstance(error, BaseException) and not isinstance(error, (sweep.Refused, sweep.Failed)):

@@ -37,11 +37,11 @@ POSITIVE = ("hardware.nodes", "hardware.devices_per_node", "train.micro_batch_si
             "parallel.tensor_model_parallel_size", "parallel.context_parallel_size",
             "parallel.pipeline_model_parallel_size", "parallel.expert_model_parallel_size",
             "model.num_layers", "model.hidden_size", "model.num_attention_heads", "model.vocab_size")
-# Config nodes that no derived fact (layout, split, batch, implementation) reads.
-SETTINGS = ("recompute", "offload", "dispatcher", "routing", "overlap", "optimizer", "memory", "step_model")
 # ... or null when unset.
 POSITIVE_OR_NULL = ("train.global_batch_size", "parallel.virtual_pipeline_model_parallel_size",
                     "parallel.expert_tensor_parallel_size", "model.num_moe_experts")
+# Config nodes that no derived fact (layout, split, batch, implementation) reads.
+SETTINGS = ("recompute", "offload", "dispatcher", "routing", "overlap", "optimizer", "memory", "step_model")
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +166,7 @@ def check_sizes(cfg: Any) -> list:
             if value is not None and value < 1 or value is None and path in POSITIVE]
 
 
-def pipeline_split(arch: Arch, layout: Layout, parallel: Any) -> tuple[RankLayers, ...] | None:
+def rank_layers(arch: Arch, layout: Layout, parallel: Any) -> tuple[RankLayers, ...] | None:
     """What each pipeline rank holds (:func:`~moe_hydra.core.pipeline.assign`), or None when the config's split
     cannot be made."""
     try:
@@ -201,5 +201,5 @@ def resolve(cfg: Any, impl: Implementation | None = None, arch: Arch | None = No
     t = cfg.train
     gbs = t.global_batch_size or t.micro_batch_size * layout.world_size
     batch = Batch(t.micro_batch_size, gbs, gbs // (t.micro_batch_size * layout.dp) if layout.dp else 0, t.seq_length)
-    split = pipeline_split(arch, layout, cfg.parallel) if arch else None
+    split = rank_layers(arch, layout, cfg.parallel) if arch else None
     return Resolved(cfg, layout, arch, split, batch, impl or Implementation.declared(cfg))

@@ -14,6 +14,12 @@ Follows Megatron-Bridge's accounting (flops-memory.md §4), made right for MoE:
 For bf16 weights, fp32 gradients and the distributed optimizer this is Megatron's 6 + 12/d bytes
 per parameter, with d = DP x CP for the dense part and EDP for the experts.
 
+**Optimizer step**: what the step holds beyond the states, by the implementation that runs
+(``Resolved.impl.optimizer``). torch's Adam, Megatron's fallback without Transformer Engine or Apex, computes
+its update in an fp32 temporary of the shard it steps: shard x 4 bytes (x (1 - offloaded fraction)); the fused
+kernels hold none. The step follows the backward pass, when no activation is held, so a stage holds the larger
+of its activations and this temporary.
+
 **Activations** (what autograd keeps for the backward pass), per micro-batch and layer, summed over
 named terms so recompute and offload remove exactly the terms they remove in Megatron-Core::
 
@@ -104,10 +110,11 @@ class StageMemory:
     activations: float
     in_flight: float  # micro-batches of this stage's layers whose activations are held at the peak
     allowance: float
+    optimizer_step: float = 0.0  # held during the optimizer step, instead of the activations
 
     @property
     def total(self) -> float:
-        return self.weights + self.gradients + self.optimizer + self.activations + self.allowance
+        return self.weights + self.gradients + self.optimizer + max(self.activations, self.optimizer_step) + self.allowance
 
 
 def _state_bytes(cfg: Any) -> float:
@@ -219,10 +226,12 @@ class Estimator:
         # final norm input + output-layer input + fp32 logits of the vocab-parallel cross-entropy
         self.loss = 2 * self.hidden + tokens * a.padded_vocab(lo.tp) / lo.tp * 4
         self.allowance = allowance(cfg)
+        self.torch_adam = r.impl.optimizer == "torch" and cfg.optimizer.optimizer == "adam"
         self._fixed_allowance = sum(v for k, v in self.allowance.items() if k != "fragmentation")
 
-    def static(self, ranks: list[RankParams]) -> list[tuple[float, float, float]]:
-        """(weights, gradients, optimizer) bytes per stage; recompute and activations do not change them."""
+    def static(self, ranks: list[RankParams]) -> list[tuple[float, float, float, float]]:
+        """(weights, gradients, optimizer, optimizer step) bytes per stage; recompute and activations do not
+        change them."""
         cfg, lo = self.cfg, self.lo
         o, off = cfg.optimizer, cfg.offload
         w_bytes = DTYPE_BYTES[cfg.precision.params_dtype]
@@ -230,9 +239,11 @@ class Estimator:
         inst = o.num_distributed_optimizer_instances
         dense_shard = max(1, lo.dp * lo.cp // inst) if o.use_distributed_optimizer else 1
         expert_shard = max(1, lo.edp // inst) if o.use_distributed_optimizer else 1
-        state = _state_bytes(cfg) * (1 - off.optimizer_offload_fraction if off.optimizer_cpu_offload else 1)
-        return [(p.total * w_bytes, p.total * g_bytes, state * (p.dense / dense_shard + p.expert / expert_shard))
-                for p in ranks]
+        on_device = 1 - off.optimizer_offload_fraction if off.optimizer_cpu_offload else 1
+        state = _state_bytes(cfg) * on_device
+        step = 4 * on_device if self.torch_adam else 0  # fp32 bytes per parameter of the shard
+        return [(p.total * w_bytes, p.total * g_bytes, state * shard, step * shard) for p in ranks
+                for shard in (p.dense / dense_shard + p.expert / expert_shard,)]
 
     def _activations(self, r: RankLayers, overlap: bool | None = None) -> tuple[float, float, float]:
         """(activation bytes, micro-batches in flight, the bytes of one more micro-batch chunk in flight) of a
@@ -265,14 +276,15 @@ class Estimator:
         return act, stage_mbs, per_mb / vpp
 
     def stages(self, split: tuple[RankLayers, ...], ranks: list[RankParams],
-               static: list[tuple[float, float, float]] | None = None) -> list[StageMemory]:
+               static: list[tuple[float, float, float, float]] | None = None) -> list[StageMemory]:
         out = []
-        for r, (weights, grads, opt) in zip(split, static or self.static(ranks)):
+        for r, (weights, grads, opt, step) in zip(split, static or self.static(ranks)):
             act, mbs, _ = self._activations(r)
-            out.append(StageMemory(r.pp_rank, weights, grads, opt, act, mbs, self.allowance_total(weights + grads + opt + act)))
+            est = weights + grads + opt + max(act, step)
+            out.append(StageMemory(r.pp_rank, weights, grads, opt, act, mbs, self.allowance_total(est), step))
         return out
 
-    def peaks(self, split: tuple[RankLayers, ...], static: list[tuple[float, float, float]],
+    def peaks(self, split: tuple[RankLayers, ...], static: list[tuple[float, float, float, float]],
               candidates: list[int] | None = None) -> tuple[float, float]:
         """The most-loaded stage's total without and with EP overlap (one more micro-batch chunk in flight,
         where the schedule holds more than it has). ``candidates``: the stages that can be the most loaded
@@ -280,11 +292,13 @@ class Estimator:
         off = on = 0.0
         for i in candidates if candidates is not None else range(len(split)):
             r = split[i]
+            weights, grads, opt, step = static[i]
             act, held, chunk = self._activations(r, False)
-            est = sum(static[i]) + act
+            est = weights + grads + opt + max(act, step)
             off = max(off, est + self.allowance_total(est))
             more, per_rank = in_flight_chunks(self.lo.pp, self.lo.vpp, r.pp_rank, self.microbatches, True)
-            est += (more - held * per_rank) * chunk  # the chunks held with EP overlap
+            act += (more - held * per_rank) * chunk  # the chunks held with EP overlap
+            est = weights + grads + opt + max(act, step)
             on = max(on, est + self.allowance_total(est))
         return off, on
 
@@ -342,6 +356,7 @@ def summary(r: Resolved, stages: list[StageMemory], ranks: list[RankParams]) -> 
         "gradients": _gib(worst.gradients),
         "optimizer": _gib(worst.optimizer),
         "activations": _gib(worst.activations),
+        "optimizer_step": _gib(worst.optimizer_step),
         "allowance": _gib(worst.allowance),
         "breakdown": {
             "params_dense": p.dense, "params_expert": p.expert,
@@ -351,6 +366,7 @@ def summary(r: Resolved, stages: list[StageMemory], ranks: list[RankParams]) -> 
         },
         "per_stage": [{"pp_rank": s.pp_rank, "weights": _gib(s.weights), "gradients": _gib(s.gradients),
                        "optimizer": _gib(s.optimizer), "activations": _gib(s.activations),
+                       "optimizer_step": _gib(s.optimizer_step),
                        "in_flight_microbatches": round(s.in_flight, 3), "allowance": _gib(s.allowance),
                        "total": _gib(s.total)} for s in stages],
         "capacity": capacity,
@@ -358,6 +374,7 @@ def summary(r: Resolved, stages: list[StageMemory], ranks: list[RankParams]) -> 
         "excluded": list(EXCLUDED),
         "counter": "moe_hydra.planning.memory (Bridge accounting + MoE activation terms), most-loaded pipeline stage",
         "attention": r.impl.attention,
+        "optimizer_impl": r.impl.optimizer,
     }
 
 

@@ -400,7 +400,7 @@ class Search:
             fits = None if cap is None else peak <= cap
             if fits is not False:
                 break
-            if max(map(sum, static)) / memory.GIB > cap:  # the states alone: no recompute helps
+            if max(w + g + o for w, g, o, _ in static) / memory.GIB > cap:  # the states alone: no recompute helps
                 break
         return name, peak, fits
 

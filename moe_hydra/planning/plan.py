@@ -15,6 +15,8 @@ megatron.
     params_per_rank              the most-loaded rank (max over pipeline stages)
     params_per_stage             one rank of each pipeline stage: dense / expert / total
     flops_per_token, flops_counter, flops_breakdown   model FLOPs at train.seq_length
+    step_time                    the step-time model's prediction (GPU hardware; null on the CPU preset):
+                                 seconds, terms, calibration, tokens_per_s_per_gpu, tflops_per_gpu, mfu
     layer_spec                   implementation.layer_spec: the spec the counts assume
     memory                       per-rank estimate in GiB (moe_hydra.planning.memory): the most-loaded rank's
                                  weights / gradients / optimizer / activations / allowance / total,
@@ -40,7 +42,7 @@ from moe_hydra.core.env import snapshot as env_snapshot
 from moe_hydra.core.resolved import Resolved, resolve
 from moe_hydra.core.versions import McoreFacts, mcore_facts
 from moe_hydra.core.violations import V, Violation
-from moe_hydra.planning import memory, rules
+from moe_hydra.planning import memory, rules, step_model
 
 
 def _notes(r: Resolved) -> list[str]:
@@ -170,6 +172,7 @@ def make_plan(r: Resolved, swept: list[str] | None = None, env: dict[str, Any] |
     mcore = mcore_facts()
     assessed = assess(r, mcore)
     cfg, lo, arch, per_stage = r.cfg, r.layout, r.arch, assessed.ranks
+    worst = max(per_stage, key=lambda s: s.total)
     fl = flops.flops_per_token(arch, r.batch.seq_length, lo.tp)
     label, reasons = contract.label(cfg)
     the_contract = contract.build(cfg, r, env or env_snapshot())
@@ -181,7 +184,7 @@ def make_plan(r: Resolved, swept: list[str] | None = None, env: dict[str, Any] |
         **resolved,
         "params_total": params.total_params(arch),
         "params_active": params.active_params(arch),
-        "params_per_rank": max(s.total for s in per_stage),
+        "params_per_rank": worst.total,
         "params_per_stage": [
             {"pp_rank": s.pp_rank, "layers": s.layers, "dense": s.dense, "expert": s.expert, "total": s.total}
             for s in per_stage
@@ -189,6 +192,7 @@ def make_plan(r: Resolved, swept: list[str] | None = None, env: dict[str, Any] |
         "flops_per_token": fl.total,
         "flops_counter": flops.COUNTER,
         "flops_breakdown": asdict(fl),
+        "step_time": step_model.prediction(r, worst.dense, worst.expert, fl.total),
         "layer_spec": r.impl.layer_spec,
         **memory_verdict(assessed, mcore),
         "label": label,

@@ -73,6 +73,11 @@ def plan_table(plan: dict[str, Any]):
     t.add_row("implementation", f"{impl['layer_spec']} layers, {impl['attention']} attention, {impl['experts']} experts, "
               f"{impl['optimizer']} Adam ({impl['source']})")
     t.add_row("model FLOPs/token", f"{_si(plan['flops_per_token'], 'G')} FLOP ({plan['flops_counter']})")
+    st = plan.get("step_time")
+    if st:
+        mfu = f", MFU {st['mfu']:.1%}" if st["mfu"] is not None else ""
+        t.add_row("predicted step", f"{st['seconds']:.3f} s: {st['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, "
+                  f"{st['tflops_per_gpu']:.0f} TFLOP/s/GPU{mfu} (moe_hydra.planning.step_model; a ranking aid)")
     _memory_rows(t, plan)
     label = plan["label"] + (f": {'; '.join(plan['label_reasons'])}" if plan["label_reasons"] else "")
     t.add_row("label", label)

@@ -59,6 +59,30 @@ NOMINAL_TFLOPS, NOMINAL_GB_S = 1.0, 10.0
 TERMS = ("compute", "ep", "etp", "tp", "cp", "host", "dp", "bubble", "p2p")
 
 
+CALIBRATION = ("sustained fractions fitted to the 4 published Qwen3-235B-A22B runs on 256 H100 of "
+               "Megatron-MoE-ModelZoo (best_practice/Qwen3/readme.md at c1ad0b5c); priors for the rest "
+               "(moe_hydra.core.schema.StepModelConfig)")
+
+
+def prediction(r: Resolved, dense_params: int, expert_params: int, flops_per_token: float) -> dict | None:
+    """``plan.json``'s ``step_time``: the model's step time for a resolved plan on GPU hardware, its terms, what it
+    was calibrated on, and the tokens/s/GPU, TFLOP/s/GPU and MFU it implies (None on the CPU preset: the model
+    knows no CPU rates). ``dense_params``, ``expert_params``: the most loaded rank's."""
+    cfg = r.cfg
+    if cfg.hardware.arch == "cpu":
+        return None
+    recompute = cfg.recompute.recompute_granularity or "none"
+    flex = cfg.dispatcher.moe_token_dispatcher_type == "flex"
+    terms = StepModel(r).terms(r, dense_params, expert_params, recompute, flex,
+                               cfg.overlap.overlap_moe_expert_parallel_comm)
+    seconds, world, tokens = terms.pop("step"), r.layout.world_size, r.batch.tokens_per_step
+    peak, _ = metrics.peak_tflops(cfg.hardware, cfg.precision)
+    tflops = flops_per_token * tokens / (seconds * world * 1e12)
+    return {"seconds": seconds, "terms": terms, "calibration": CALIBRATION,
+            "tokens_per_s_per_gpu": tokens / (seconds * world), "tflops_per_gpu": tflops,
+            "mfu": tflops / peak if peak else None}
+
+
 @dataclass(frozen=True)
 class Published:
     """A published measured step time and the overrides that express its run."""

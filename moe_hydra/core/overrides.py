@@ -26,9 +26,20 @@ def text(v: Any) -> str:
     if isinstance(v, (list, tuple)):
         return "[" + ",".join(text(x) for x in v) + "]"
     v = getattr(v, "value", v)  # enums by value
-    if isinstance(v, str) and not (_PLAIN.match(v) and v not in ("null", "true", "false")):
+    if isinstance(v, str) and not (_PLAIN.match(v) and not _reads_as_other(v)):
         return "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
     return str(v)
+
+
+def _reads_as_other(v: str) -> bool:
+    """Whether Hydra reads the unquoted string as something else: a number, a bool, null."""
+    if v.lower() in ("null", "true", "false"):
+        return True
+    try:
+        float(v)
+    except ValueError:
+        return False
+    return True
 
 
 def override(key: str, v: Any) -> str:

@@ -3,9 +3,9 @@
 :func:`implementation` detects what the job will build here (Transformer Engine or not, ...) for the
 resolved plan of ``stage=run``; :func:`machine` is the job's own check of the machine that runs it (plans
 are made anywhere): GPUs present, cores enough, DeepEP/HybridEP/Transformer Engine installed when the
-config needs them, each refusal a violation with an id (H01..H07). Both run before any process starts. :func:`launch_local` starts ``world_size`` ranks with
-torch's elastic launcher (c10d rendezvous on localhost, spawn), rank 0's output on the console and
-the other ranks' output in ``<job dir>/ranks/``.
+config needs them, each refusal a violation with an id (H01..H07). Both run before any process starts.
+:func:`launch_local` starts ``world_size`` ranks with torch's elastic launcher (c10d rendezvous on localhost,
+spawn), rank 0's output on the console and the other ranks' output in ``<job dir>/ranks/``.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def machine(r: Resolved, inside_allocation: bool = False) -> list[Violation]:
     if cfg.kernels.cuda_graph_impl == "transformer_engine" and not te:
         out.append(V("H06", "CUDA graphs through Transformer Engine need Transformer Engine, which is not installed here",
                      "kernels.cuda_graph_impl=none", kernels__cuda_graph_impl="transformer_engine"))
-    if cfg.kernels.moe_grouped_gemm and hw.arch != "cpu" and r.impl.experts != "grouped":
+    if cfg.kernels.moe_grouped_gemm and hw.arch != "cpu" and not (te or _has("grouped_gemm")):
         out.append(V("H07", "grouped-GEMM experts need Transformer Engine or the grouped_gemm package",
                      "kernels.moe_grouped_gemm=false", kernels__moe_grouped_gemm=True))
     return out

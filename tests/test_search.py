@@ -127,6 +127,18 @@ def test_search_and_plan_assess_agree_on_sampled_candidates(overrides, communica
     assert kinds["legal"] >= 10 and kinds["illegal"] >= 10, kinds
 
 
+def test_the_recipes_uneven_split_where_layers_do_not_divide_the_stages():
+    from moe_hydra.core.pipeline import assign
+
+    a = resolve(compose_config("model=deepseek_v3", "model.mtp_num_layers=null")).arch  # 61 layers, no MTP
+    split = search.pipeline_split(a, 4, 4)
+    assert split == "Etttt|(tttt|)*14tL"  # NVIDIA's DeepSeek-V3 recipe on 256 GB200 (PP4 VPP4)
+    ranks = assign(61, 0, pp=4, vpp=4, layout=split)
+    assert sum(len(r.layers) for r in ranks) == 61 and ranks[0].embedding and ranks[-1].loss
+    assert search.pipeline_split(a, 8, 8) is None  # 64 stages: the last would hold no layer
+    assert search.pipeline_split(a, 1, None) == "even"
+
+
 def test_communication_settings_tried_unless_the_command_sets_them():
     h100 = compose_config("stage=plan", "model=qwen3_30b_a3b", H100)
     assert _communication(h100) == (["alltoall", "deepep"], [False, True])

@@ -95,12 +95,17 @@ class Candidate:
 
 
 def pipeline_split(a: Arch, pp: int, vpp: int | None) -> str | None:
-    """The split Megatron recipes use for ``pp x vpp`` stages, or None when none exists."""
+    """The split Megatron recipes use for ``pp x vpp`` stages, or None when none exists: an even split; the
+    embedding and loss counted as a layer each; with MTP, E, m and L each taking a layer's slot; else, without MTP,
+    the recipes' uneven kind for layers that do not divide (``Etttt|(tttt|)*14tL`` for DeepSeek-V3's 61 layers on
+    16 stages): ceil(layers / stages) layers a stage, the remainder on the last, with the loss."""
     stages = pp * (vpp or 1)
     if stages == 1 or (a.num_layers % stages == 0 and not a.mtp):
         return "even"
     if (a.num_layers + 2) % stages == 0 and not a.mtp:
         return "account"
+    if not a.mtp:
+        return _uneven_split(a.num_layers, stages)
     slots, rem = divmod(a.num_layers + 2 + a.mtp, stages)
     if rem or slots < 1 + a.mtp:
         return "even" if a.num_layers % stages == 0 else None
@@ -109,6 +114,17 @@ def pipeline_split(a: Arch, pp: int, vpp: int | None) -> str | None:
     middle = "t" * slots
     inner = f"({middle}|)*{stages - 2}" if stages > 2 else ""
     return f"{first}|{inner}{last}"
+
+
+def _uneven_split(layers: int, stages: int) -> str | None:
+    """``ceil(layers / stages)`` layers on every stage but the last, which holds the rest and the loss; None when
+    the last would hold no layer."""
+    each = -(-layers // stages)
+    rest = layers - each * (stages - 1)
+    if stages < 2 or rest < 1:
+        return None
+    inner = f"({'t' * each}|)*{stages - 2}" if stages > 2 else ""
+    return f"E{'t' * each}|{inner}{'t' * rest}L"
 
 
 def enumerate_layouts(r: Resolved, micro_batch_sizes: list[int] | None = None) -> Iterator[Candidate]:

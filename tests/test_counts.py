@@ -1,5 +1,5 @@
 """FLOPs and parameter counts against the test vectors of flops-memory.md / models-hardware.md, and
-per-rank parameter counts against Megatron-Core builds (mcore-on-cpu.md §5)."""
+per-rank parameter counts against Megatron-Core builds (docs/cpu.md)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def arch(model: str, **changes) -> Arch:
     return Arch.from_model(cfg.model)
 
 
-# GFLOP per token from Megatron-Core's counter (flops-memory.md §1.7)
+# GFLOP per token from Megatron-Core's counter (docs/flops-memory.md)
 FLOPS = [
     ("deepseek_v3", {}, 4096, 260.0), ("deepseek_v3", {}, 8192, 291.2),
     ("deepseek_v3", {"mtp_num_layers": None}, 4096, 249.8),
@@ -33,7 +33,7 @@ def test_flops_per_token_matches_megatron_counter(model, changes, seq, gflops):
     assert round(flops_per_token(arch(model, **changes), seq).total / 1e9, 1) == gflops
 
 
-# (derived total, derived active) in billions, rounded as published (models-hardware.md §1); without MTP
+# (derived total, derived active) in billions, rounded as published (the model cards; docs/configuration.md); without MTP
 PARAMS = {
     "deepseek_v3": (671.0, 37.5), "deepseek_v2_lite": (15.7, 2.66), "moonlight_16b_a3b": (16.0, 2.9),
     "kimi_k2": (1026, 32.9), "qwen3_30b_a3b": (30.5, 3.35), "qwen3_235b_a22b": (235.1, 22.2),
@@ -70,7 +70,7 @@ def _per_rank(model, *overrides, **changes):
 
 
 def test_per_rank_counts_equal_a_megatron_build():
-    # Mixtral-8x7B shape, W=64, TP2 PP2 EP8, built on the meta device by Megatron-Core (mcore-on-cpu.md §5).
+    # Mixtral-8x7B shape, W=64, TP2 PP2 EP8, built on the meta device by Megatron-Core (docs/cpu.md).
     # That build used GPTModel's default learned absolute position embedding (4096 positions).
     mesh = ["hardware.nodes=8", "parallel.tensor_model_parallel_size=2", "parallel.sequence_parallel=true",
             "parallel.pipeline_model_parallel_size=2", "parallel.expert_model_parallel_size=8"]

@@ -212,7 +212,7 @@ def acceptance_problems(run: Run, variables: list[str]) -> list[str]:
 
 
 def accept(runs: list[Run], variables: list[str]) -> tuple[list[str], list[str]]:
-    """(refusals, report lines): the acceptance gate of workflow.md §8-9 for every run."""
+    """(refusals, report lines): the acceptance gate of docs/workflow.md for every run."""
     refusals, report = [], []
     for run in runs:
         problems = acceptance_problems(run, variables)

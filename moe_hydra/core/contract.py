@@ -1,4 +1,4 @@
-"""The measurement contract: everything that must stay fixed between two arms of an A/B (workflow.md §2).
+"""The measurement contract: everything that must stay fixed between two arms of an A/B (docs/workflow.md).
 
 A contract is a plain nested dict — software versions, hardware and topology, model, data, batch
 shape, optimizer, both meshes, routing, precision, recompute, offload, dispatcher, kernels (graph

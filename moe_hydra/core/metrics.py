@@ -1,4 +1,4 @@
-"""Throughput figures from per-step records, by Megatron-Core's definitions (flops-memory.md §2).
+"""Throughput figures from per-step records, by Megatron-Core's definitions (docs/flops-memory.md).
 
     step time       mean wall time of the steps in the declared steady window (slowest rank per step)
     tokens/s/GPU    tokens_per_step / (step_time x world_size)

@@ -154,7 +154,7 @@ class HardwareConfig:
     # torch's Adam). stage=run detects it on the machine instead (moe_hydra.core.resolved.Implementation).
     transformer_engine: bool = False
     # The flex dispatcher preset (conf/dispatcher) the workflow tries first on this platform: deepep on
-    # NVL8, hybridep on NVL72 (workflow.md §7). The layout search tries it with every layout; null: none.
+    # NVL8, hybridep on NVL72 (docs/workflow.md). The layout search tries it with every layout; null: none.
     flex_dispatcher: Optional[str] = None
     # Run-to-run noise of the mean step time, relative: what two runs of one config may differ by. compare
     # calls a one-run-per-arm difference only beyond it (repeated arms measure it instead). Calibrate with

@@ -1,6 +1,6 @@
 """Megatron-Core on a CPU build of torch (gloo), and without Transformer Engine.
 
-Each shim names the failure it prevents (mcore-on-cpu.md §3). :func:`apply` installs the CPU shims
+Each shim names the failure it prevents (docs/cpu.md). :func:`apply` installs the CPU shims
 only when CUDA is unavailable, and the no-TE fixes only when Transformer Engine is absent; on a GPU
 node with TE it changes nothing. It returns the names of what it installed, which the job records in
 its evidence.

@@ -29,7 +29,7 @@ def transformer_config_kwargs(resolved: Resolved, mcore: McoreFacts, *, on_gpu: 
     interleaved = lo.vpp is not None
     # Megatron overlaps p2p only in the interleaved schedule (it refuses it otherwise). On gloo, batched
     # p2p between two stages that are each other's both neighbours swaps equal-shaped activations and
-    # gradients (silently wrong, mcore-on-cpu.md §4): without a GPU, p2p is never batched.
+    # gradients (silently wrong, docs/cpu.md): without a GPU, p2p is never batched.
     overlap_p2p = cfg.overlap.overlap_p2p_comm and interleaved
     batch_p2p = (not overlap_p2p) if on_gpu else False
     kw: dict[str, Any] = dict(

@@ -1,7 +1,7 @@
 """``launcher=slurm``: each sweep point a Slurm job through hydra-submitit-launcher, one task per rank.
 
 moe_hydra's launcher extends hydra-submitit-launcher's ``SlurmLauncher`` where that one falls short
-(ecosystem.md §1.3, slurm-local.md §5):
+(docs/slurm.md):
 
 - every point is validated in the submitting process, so an invalid point is refused before it is
   queued and the valid ones still go;

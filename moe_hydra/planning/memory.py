@@ -1,6 +1,6 @@
 """Per-rank device memory of a layout: weights, gradients, optimizer state, activations, allowance.
 
-Follows Megatron-Bridge's accounting (flops-memory.md §4), made right for MoE:
+Follows Megatron-Bridge's accounting (docs/flops-memory.md), made right for MoE:
 
 **Static** (per rank of each pipeline stage, from :mod:`moe_hydra.core.params`)::
 

@@ -6,12 +6,12 @@ VPP from none to as many chunks as there are layers, SP on whenever TP > 1 (Mega
 MoE with TP), and micro-batch sizes when asked. Each (PP, VPP) gets the pipeline split Megatron
 recipes use: an even split; else the embedding and loss counted as one layer each
 (``account_for_*_in_pipeline_split``); else, with MTP, a ``pipeline_model_parallel_layout`` in which
-E, m and L each take a layer's slot (``Et|(tt|)*30mL`` for DeepSeek-V3 on PP8 x VPP4). Every
-candidate is a config (the base config with the candidate's fields), resolved by the same constructor as
-``stage=plan`` (:func:`moe_hydra.core.resolved.resolve`), then checked by the same rules and estimates as
-:func:`moe_hydra.planning.plan.assess`, each cached by exactly the resolved fields it reads
-(:func:`moe_hydra.planning.rules.base.cache_key`). The global batch stays fixed across candidates (the
-contract).
+E, m and L each take a layer's slot (``Et|(tt|)*30mL`` for DeepSeek-V3 on PP8 x VPP4); else, without MTP,
+the recipes' uneven string (:func:`pipeline_split`). Every candidate is a config (the base config with the
+candidate's fields), resolved by the same constructor as ``stage=plan`` (:func:`moe_hydra.core.resolved.resolve`),
+then checked by the same rules and estimates as :func:`moe_hydra.planning.plan.assess`, each cached by exactly
+the resolved fields it reads (:func:`moe_hydra.planning.rules.base.cache_key`). The global batch stays fixed
+across candidates (the contract).
 
 **Fit.** The least recompute that fits (none -> selective -> full, the workflow's order) is kept
 with the candidate; a candidate that fits with none of them is kept as ``fits: false``.
@@ -25,7 +25,7 @@ memory). A flex dispatcher is tried only where the EP group leaves the NVLink do
 step-time model gives it the time of the all-to-all.
 
 **Rank** by the analytic step time of :mod:`moe_hydra.planning.step_model` (a ranking aid, every term printed per
-layout), after the workflow's priorities (workflow.md §5.1) that apply to every layout — CP only once
+layout), after the workflow's priorities (docs/workflow.md) that apply to every layout — CP only once
 the sequence reaches 8K, ETP 1 before expert-tensor parallelism; ties break on less model
 parallelism, EP x ETP inside the NVLink domain, fewer chunks, the larger micro batch. Use it to choose
 what to screen, then measure (screening, compare).
@@ -55,7 +55,7 @@ from moe_hydra.planning.step_model import TERMS, StepModel
 
 RECOMPUTE_LEVELS = ("none", "selective", "full")
 OVERRIDES_FOR = 100  # ranked candidates whose layouts.json row carries its command-line overrides
-CP_FROM_SEQ = 8192  # workflow.md §5.1: CP once the sequence makes attention memory dominant (>= 8K)
+CP_FROM_SEQ = 8192  # docs/workflow.md: CP once the sequence makes attention memory dominant (>= 8K)
 
 
 @dataclass(frozen=True, slots=True)
@@ -590,7 +590,7 @@ def _priority(r: Result, domain: int, seq: int) -> tuple:
 
 def rank(results: list[Result], domain: int, seq: int) -> None:
     """Rank the legal candidates that fit (or whose fit is unknown): CP only for long sequences and
-    ETP 1 first (workflow.md §5.1, 5 and 4), then by step time, then the other priorities."""
+    ETP 1 first (docs/workflow.md), then by step time, then the other priorities."""
     ok = [r for r in results if r.legal and r.fits is not False]
     for i, r in enumerate(sorted(ok, key=lambda r: _priority(r, domain, seq)), 1):
         r.rank = i

@@ -1,7 +1,7 @@
 """Legality of a composed config, decided before anything is launched.
 
 Each rule mirrors a check that Megatron-Core (or its kernels) makes at run time, or a trap that
-gives silently wrong results; ids follow ``megatron-knobs.md`` §13 (``L01``..``L74``), with
+gives silently wrong results; ids follow docs/rules.md (``L01``..``L74``), with
 moe_hydra's own rules as ``C`` (contract), ``P`` (precision/hardware), ``S`` (schema values) and
 ``V`` (megatron-core version). :func:`check` runs every rule and returns *all* violations; each
 names the fields and values involved, the arithmetic that failed, and an override that fixes it.

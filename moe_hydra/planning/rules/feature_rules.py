@@ -1,7 +1,7 @@
 """Rules on features: kernels, optimizer, dispatcher, routing, recompute/offload, CUDA graphs, EP overlap,
 precision vs hardware (P), the contract window (C) and the installed megatron-core (V).
 
-Ids follow megatron-knobs.md §13. Pure: standard library only.
+Ids follow docs/rules.md. Pure: standard library only.
 """
 
 from __future__ import annotations

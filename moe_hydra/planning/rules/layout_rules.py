@@ -1,6 +1,6 @@
 """Rules on the layout: schema values, both meshes, experts, the pipeline split, sequence/TP/SP, the batch.
 
-Ids follow megatron-knobs.md §13. Pure: standard library only.
+Ids follow docs/rules.md. Pure: standard library only.
 """
 
 from __future__ import annotations

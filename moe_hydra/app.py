@@ -48,9 +48,9 @@ class Outcomes(Callback):
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs) -> None:
         num = OmegaConf.select(config, "hydra.job.num", default=None)
-        overrides = " ".join(job_return.overrides or []) or "(defaults)"
+        args = " ".join(job_return.overrides or []) or "(defaults)"
         multirun = OmegaConf.select(config, "hydra.mode", default=None) == RunMode.MULTIRUN
-        name = f"#{num} {overrides}" if multirun and num is not None and num >= 0 else overrides
+        name = f"#{num} {args}" if multirun and num is not None and num >= 0 else args
         self.outcomes.append((name, sweep.state_of(job_return)))
         error = job_return._return_value
         if isinstance(error, BaseException) and not isinstance(error, (sweep.Refused, sweep.Failed)):
@@ -147,6 +147,12 @@ def _refuse(message: str) -> NoReturn:
     raise sweep.Refused(message)
 
 
+def _fail(message: str) -> NoReturn:
+    """This point started and failed: the message, then :class:`~moe_hydra.launch.state.Failed` as its value."""
+    print(f"moe_hydra: {message}", file=sys.stderr, flush=True)
+    raise sweep.Failed(message)
+
+
 def run_point(cfg: DictConfig) -> str:
     """One point of a run or sweep: its state (PLANNED, COMPLETED), the value of its JobReturn.
 
@@ -181,7 +187,7 @@ def run_point(cfg: DictConfig) -> str:
         _refuse(refusal.report())
     p["tracking"] = _tracking(p, swept, sweep_name, obj)
     if rank is not None:  # one task of a Slurm job: this process is one rank
-        return _run_slurm_task(cfg, obj, r, p, out_dir, rank, snapshot)
+        return _run_slurm_task(cfg, r, p, out_dir, rank, snapshot)
     io.write_json(p, out_dir / "plan.json")
     io.write_json(snapshot, out_dir / "env.json")
     io.console().print(render.plan_table(p))
@@ -207,17 +213,15 @@ def _run_fit(cfg: DictConfig, r: Resolved, p: dict, out_dir: Path) -> str:
                 + f"\n  (build logs in {out_dir / 'fit'})")
     if not report["agree"]:
         bad = [r["rank"] for r in report["ranks"] if not r["agree"]]
-        message = (f"MISMATCH between the estimator and the build on ranks {bad}: a bug in moe_hydra.core.params; "
-                   f"see {out_dir / 'fit.json'}")
-        print(f"moe_hydra: {message}", file=sys.stderr, flush=True)
-        raise sweep.Failed(message)
+        _fail(f"MISMATCH between the estimator and the build on ranks {bad}: a bug in moe_hydra.core.params; "
+              f"see {out_dir / 'fit.json'}")
     print(f"moe_hydra: the estimator and Megatron-Core's build agree exactly on {len(report['ranks'])} ranks "
           f"(pipeline ranks {', '.join(str(r['pp_rank']) for r in report['ranks'])})  ({out_dir / 'fit.json'})",
           flush=True)
     return "COMPLETED"
 
 
-def _run_slurm_task(cfg: DictConfig, obj, r: Resolved, p: dict, out_dir: Path, rank: int, snapshot: dict) -> str:
+def _run_slurm_task(cfg: DictConfig, r: Resolved, p: dict, out_dir: Path, rank: int, snapshot: dict) -> str:
     """Inside a Slurm job: rank 0 owns the output directory; every rank trains. Failures raise, so
     Hydra and submitit record them for the launcher that waits on this job."""
     from moe_hydra.job.train import worker
@@ -225,9 +229,9 @@ def _run_slurm_task(cfg: DictConfig, obj, r: Resolved, p: dict, out_dir: Path, r
     if rank == 0:
         io.write_json(p, out_dir / "plan.json")
         io.write_json(snapshot, out_dir / "env.json")
-    if obj.stage is Stage.fit and rank == 0:  # the fit builds its ranks as processes of its own
+    if r.cfg.stage is Stage.fit and rank == 0:  # the fit builds its ranks as processes of its own
         return _run_fit(cfg, r, p, out_dir)
-    if obj.stage is not Stage.run:
+    if r.cfg.stage is not Stage.run:
         return "PLANNED"
     slurm.task_environment()
     worker(_job_spec(cfg, r, p, out_dir, snapshot))
@@ -246,8 +250,7 @@ def _run_job(cfg: DictConfig, r: Resolved, p: dict, out_dir: Path, snapshot: dic
     try:
         results = local.launch_local(_job_spec(cfg, r, p, out_dir, snapshot), r.layout.world_size, out_dir)
     except local.JobFailed as e:
-        print(f"moe_hydra: {e}", file=sys.stderr, flush=True)
-        raise sweep.Failed(str(e)) from None
+        _fail(str(e))
     loss = results["loss"]
     print(f"moe_hydra: {results['steps']} steps, window {results['window']}: step {results['step_time_ms']:.1f} ms, "
           f"{results['tokens_per_s_per_gpu']:.1f} tokens/s/GPU, {results['tflops_per_gpu']:.4f} TFLOP/s/GPU, "

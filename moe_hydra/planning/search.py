@@ -299,10 +299,7 @@ class Search:
     def resolved(self, c: Candidate, level: str | None = None, comm: Comm | None = None) -> Resolved:
         """The candidate's resolved plan: the same constructor as stage=plan's, with this search's model facts
         and implementation (kept for the candidate being evaluated, by level and setting)."""
-        if level == self.base_name:
-            level = None
-        if comm is not None and comm == self.comms[0]:
-            comm = None
+        level, comm = self._varied(level, comm)
         if self._memo[0] is not c:
             self._memo = (c, {})
         r = self._memo[1].get((level, comm))
@@ -313,6 +310,11 @@ class Search:
                 r = self.resolved(c).with_settings(**self._settings(level, comm))
             self._memo[1][level, comm] = r
         return r
+
+    def _varied(self, level: str | None, comm: Comm | None) -> tuple[str | None, Comm | None]:
+        """(level, setting) with the base's written as None: the keys of the memo and of the settings' values."""
+        return (None if level == self.base_name else level,
+                None if comm is None or comm == self.comms[0] else comm)
 
     def _settings(self, level: str | None, comm: Comm | None) -> dict[str, Any]:
         """The config nodes of a recompute level and a communication setting (None: the base's)."""
@@ -329,10 +331,7 @@ class Search:
         cached by the values those rules read (:func:`cache_key`): the candidate's plan's values outside the
         settings (once per candidate) and the setting's own (once per search); the plan at that setting is
         resolved only when the rules must run."""
-        if level == self.base_name:
-            level = None
-        if comm is not None and comm == self.comms[0]:
-            comm = None
+        level, comm = self._varied(level, comm)
         if self._memo[0] is not c:
             self.resolved(c)
         memo = self._memo[1]  # the candidate's plan and the values it was keyed by

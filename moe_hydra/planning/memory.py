@@ -278,10 +278,11 @@ class Estimator:
     def stages(self, split: tuple[RankLayers, ...], ranks: list[RankParams],
                static: list[tuple[float, float, float, float]] | None = None) -> list[StageMemory]:
         out = []
-        for r, (weights, grads, opt, step) in zip(split, static or self.static(ranks)):
+        for r, states in zip(split, static or self.static(ranks)):
             act, mbs, _ = self._activations(r)
-            est = weights + grads + opt + max(act, step)
-            out.append(StageMemory(r.pp_rank, weights, grads, opt, act, mbs, self.allowance_total(est), step))
+            weights, grads, opt, step = states
+            out.append(StageMemory(r.pp_rank, weights, grads, opt, act, mbs,
+                                   self.allowance_total(_estimated(states, act)), step))
         return out
 
     def peaks(self, split: tuple[RankLayers, ...], static: list[tuple[float, float, float, float]],
@@ -292,18 +293,23 @@ class Estimator:
         off = on = 0.0
         for i in candidates if candidates is not None else range(len(split)):
             r = split[i]
-            weights, grads, opt, step = static[i]
             act, held, chunk = self._activations(r, False)
-            est = weights + grads + opt + max(act, step)
+            est = _estimated(static[i], act)
             off = max(off, est + self.allowance_total(est))
             more, per_rank = in_flight_chunks(self.lo.pp, self.lo.vpp, r.pp_rank, self.microbatches, True)
-            act += (more - held * per_rank) * chunk  # the chunks held with EP overlap
-            est = weights + grads + opt + max(act, step)
+            est = _estimated(static[i], act + (more - held * per_rank) * chunk)  # the chunks held with EP overlap
             on = max(on, est + self.allowance_total(est))
         return off, on
 
     def allowance_total(self, estimated: float) -> float:
         return self._fixed_allowance + self.allowance["fragmentation"] * estimated
+
+
+def _estimated(states: tuple[float, float, float, float], activations: float) -> float:
+    """A stage's bytes before the allowance: its states, and the larger of its activations and the optimizer
+    step's temporary (the step follows the backward pass)."""
+    weights, grads, opt, step = states
+    return weights + grads + opt + max(activations, step)
 
 
 def peak_candidates(a: Arch, split: tuple[RankLayers, ...], ranks: list[RankParams]) -> list[int]:

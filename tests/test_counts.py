@@ -105,3 +105,26 @@ def test_moe_layer_freq_forms():
 def test_vocab_padding_follows_tp():
     assert padded_vocab_size(32000, 128, 1) == 32000
     assert padded_vocab_size(151936, 128, 8) == 152576  # next multiple of 1024
+
+
+@pytest.mark.parametrize("model", ["gpt_oss_120b", "gpt_oss_20b"])
+def test_sliding_window_counter_discounts_the_windowed_layers_only(model):
+    from megatron.core.transformer.utils import is_layer_window_attention
+
+    from moe_hydra.core.flops import swa_discounted
+
+    m = compose_config(f"model={model}").model
+    a = Arch.from_model(m)
+    # the layers Megatron-Core builds with the window
+    assert a.windowed_layers == sum(is_layer_window_attention(tuple(m.window_size), m.window_attn_skip_freq, n)
+                                    for n in range(1, m.num_layers + 1)) == m.num_layers // 2
+    full, swa = flops_per_token(a, 4096), swa_discounted(a, 4096)
+    assert swa.total - swa.attention_core == pytest.approx(full.total - full.attention_core)  # only the core changes
+    # a windowed query sees window + 1 keys (after the first ones), a causal one (s + 1) / 2 on average
+    per_layer = full.attention_core / a.num_layers
+    seen = (127 * 128 / 2 + (4096 - 127) * 128) / 4096
+    assert swa.attention_core == pytest.approx(full.attention_core - a.windowed_layers * per_layer * (1 - seen / 2048.5))
+    # a sequence inside the window: nothing to discount; a model without a window: the same counter
+    assert swa_discounted(a, 128).total == pytest.approx(flops_per_token(a, 128).total)
+    qwen = Arch.from_model(compose_config("model=qwen3_30b_a3b").model)
+    assert swa_discounted(qwen, 4096) == flops_per_token(qwen, 4096)

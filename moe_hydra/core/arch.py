@@ -56,6 +56,24 @@ def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
     return math.ceil(vocab_size / multiple) * multiple
 
 
+def _left_window(window_size: Any) -> int:
+    """The keys before the query a window admits (``window_size`` [left, right]; -1 or none: unbounded -> 0)."""
+    return int(window_size[0]) if window_size and window_size[0] >= 0 else 0
+
+
+def _windowed(window_size: Any, skip_freq: Any, layer_number: int) -> bool:
+    """Whether layer ``layer_number`` (1-based) uses the window, as Megatron-Core's is_layer_window_attention
+    decides: every layer without ``window_attn_skip_freq``; with an int N, all but every N-th; with a 0/1 list,
+    the 1s."""
+    if not window_size:
+        return False
+    if skip_freq is None:
+        return True
+    if isinstance(skip_freq, int):
+        return layer_number % skip_freq != 0
+    return bool(list(skip_freq)[layer_number - 1])
+
+
 @dataclass(frozen=True, slots=True)
 class Arch:
     """The numbers every counter needs, read once from a :class:`~moe_hydra.core.schema.ModelConfig`."""
@@ -89,6 +107,8 @@ class Arch:
     v_head_dim: int
     shared_gate: bool
     learned_positions: int  # rows of a learned absolute position embedding (0 with RoPE)
+    window: int = 0  # sliding-window attention: keys before the query each windowed layer sees (0 = none)
+    windowed_layers: int = 0  # decoder layers with the window (Megatron-Core's is_layer_window_attention)
 
     @classmethod
     def from_model(cls, m: Any) -> "Arch":
@@ -124,6 +144,9 @@ class Arch:
             v_head_dim=m.v_head_dim,
             shared_gate=m.moe_shared_expert_gate,
             learned_positions=m.max_position_embeddings if m.position_embedding_type == "learned_absolute" else 0,
+            window=_left_window(m.window_size),
+            windowed_layers=sum(_windowed(m.window_size, m.window_attn_skip_freq, n)
+                                for n in range(1, m.num_layers + 1)) if _left_window(m.window_size) else 0,
         )
 
     @property

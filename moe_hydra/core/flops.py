@@ -3,7 +3,9 @@
 The counter (``megatron/training/training.py``, standard transformer path) charges 6 FLOPs per
 multiply-add of every GEMM weight (forward, data-grad, weight-grad), halves causal attention, counts
 MTP blocks and their logits, and leaves out the router GEMM, norms, activations and recompute.
-Sliding-window attention is not discounted (Bridge's counter does that; we do not).
+Sliding-window attention is not discounted in that counter. :func:`swa_discounted` is the second, labelled one
+(:data:`SWA_COUNTER`): each windowed layer's attention core charged for the keys its window admits (on average
+over the sequence) instead of the causal half, what the kernels compute; Megatron-Bridge's reports discount SWA too.
 
 For BSHD batches of sequence length s, the per-iteration total divided by the tokens it processed
 (GBS x s) is independent of the batch, so this module returns FLOPs per token.
@@ -13,11 +15,14 @@ Pure: standard library only.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from moe_hydra.core.arch import Arch
 
 COUNTER = "megatron-core num_floating_point_operations (MTP counted, SWA not discounted)"
+SWA_COUNTER = ("megatron-core num_floating_point_operations with each sliding-window layer's attention core "
+               "charged for the keys its window admits (moe_hydra.core.flops.swa_discounted)")
 
 # 3 passes (forward, data-grad, weight-grad) x 2 FLOPs per multiply-add.
 _C = 6
@@ -83,3 +88,18 @@ def flops_per_token(a: Arch, seq_length: int, tp: int = 1) -> FlopsBreakdown:
         mtp_projection=_C * a.mtp * (3 * h + 2 * h * h),
         logits=_C * h * a.padded_vocab(tp) * (a.mtp + 1),
     )
+
+
+def swa_discounted(a: Arch, seq_length: int, tp: int = 1) -> FlopsBreakdown:
+    """:func:`flops_per_token` with the sliding window's discount: a windowed layer's query at position i sees
+    min(i, window) + 1 keys, not the i + 1 of causal attention; the core's FLOPs scale by the averages' ratio.
+    The same breakdown when the model has no window."""
+    fl = flops_per_token(a, seq_length, tp)
+    if not a.window or not a.windowed_layers:
+        return fl
+    s, w = seq_length, a.window
+    causal = (s + 1) / 2
+    seen = causal if s <= w + 1 else (w * (w + 1) / 2 + (s - w) * (w + 1)) / s
+    per_layer = fl.attention_core / (a.num_layers + a.mtp)
+    core = fl.attention_core - a.windowed_layers * per_layer * (1 - seen / causal)
+    return dataclasses.replace(fl, attention_core=core)

@@ -404,6 +404,15 @@ class StepModelConfig:
     ep_overlap_efficiency: float = 0.5
     # Prior: a dense layer launches about a quarter of a MoE layer's kernels and has no dispatcher sync.
     host_ms_per_dense_layer: float = 2.5
+    # GEMMs in FP8 / MXFP8 / NVFP4: fraction of that precision's peak (quantisation kernels included);
+    low_precision_gemm_efficiency: float = 0.45
+    # unfused core attention (the local spec, no Transformer Engine): fraction of the bf16 peak;
+    unfused_attention_efficiency: float = 0.15
+    # host time CUDA graphs leave (kernels.cuda_graph_impl, cuda_graph_scope), fraction of the above;
+    cuda_graph_host_fraction: float = 0.5
+    # sequential experts (no grouped GEMM): host time per local expert per MoE layer per micro-batch,
+    # forward + backward (one H200 without TE: ~0.4 s per micro-batch for 128 experts x 4 layers).
+    host_ms_per_local_expert: float = 0.78
 
 
 @dataclass(kw_only=True, slots=True)

@@ -176,6 +176,12 @@ def layer_terms(r: Resolved, moe: bool) -> dict[str, float]:
     return t
 
 
+def recompute_drops(recompute: Any) -> frozenset[str]:
+    """The activation terms a ``recompute`` node's selective recompute removes (none for other granularities)."""
+    return _dropped_by(recompute.recompute_granularity == "selective",
+                       tuple(recompute.recompute_modules or ["core_attn"]), ())
+
+
 def _dropped(cfg: Any) -> frozenset[str]:
     rc, off = cfg.recompute, cfg.offload
     return _dropped_by(rc.recompute_granularity == "selective", tuple(rc.recompute_modules or ["core_attn"]),

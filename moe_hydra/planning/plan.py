@@ -15,6 +15,7 @@ megatron.
     params_per_rank              the most-loaded rank (max over pipeline stages)
     params_per_stage             one rank of each pipeline stage: dense / expert / total
     flops_per_token, flops_counter, flops_breakdown   model FLOPs at train.seq_length
+    flops_per_token_swa, flops_counter_swa   the sliding-window-discounted counter (null without a window)
     step_time                    the step-time model's prediction (GPU hardware; null on the CPU preset):
                                  seconds, terms, calibration, tokens_per_s_per_gpu, tflops_per_gpu, mfu
     layer_spec                   implementation.layer_spec: the spec the counts assume
@@ -192,6 +193,9 @@ def make_plan(r: Resolved, swept: list[str] | None = None, env: dict[str, Any] |
         "flops_per_token": fl.total,
         "flops_counter": flops.COUNTER,
         "flops_breakdown": asdict(fl),
+        # the second counter, labelled, where the model has sliding-window layers (GPT-OSS)
+        "flops_per_token_swa": flops.swa_discounted(arch, r.batch.seq_length, lo.tp).total if arch.window else None,
+        "flops_counter_swa": flops.SWA_COUNTER if arch.window else None,
         "step_time": step_model.prediction(r, worst.dense, worst.expert, fl.total),
         "layer_spec": r.impl.layer_spec,
         **memory_verdict(assessed, mcore),

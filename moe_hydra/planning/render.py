@@ -73,6 +73,8 @@ def plan_table(plan: dict[str, Any]):
     t.add_row("implementation", f"{impl['layer_spec']} layers, {impl['attention']} attention, {impl['experts']} experts, "
               f"{impl['optimizer']} Adam ({impl['source']})")
     t.add_row("model FLOPs/token", f"{_si(plan['flops_per_token'], 'G')} FLOP ({plan['flops_counter']})")
+    if plan.get("flops_per_token_swa"):
+        t.add_row("SWA FLOPs/token", f"{_si(plan['flops_per_token_swa'], 'G')} FLOP ({plan['flops_counter_swa']})")
     st = plan.get("step_time")
     if st:
         mfu = f", MFU {st['mfu']:.1%}" if st["mfu"] is not None else ""

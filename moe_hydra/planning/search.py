@@ -54,6 +54,16 @@ from moe_hydra.planning.rules.base import READS, _divisors, cache_key
 from moe_hydra.planning.step_model import TERMS, StepModel
 
 RECOMPUTE_LEVELS = ("none", "selective", "full")
+# The selective module lists the recompute ladder climbs besides the ``selective`` preset, each where the model has
+# its modules: the lists NVIDIA's published runs use (benchmarks/data/measured_runs.yaml: Megatron-Bridge's
+# performance recipes, Megatron-MoE-ModelZoo).
+PUBLISHED_SELECTIVE = (
+    ("layernorm", "moe_act"),
+    ("mla_up_proj", "mlp"),
+    ("mla_up_proj", "layernorm", "moe_act"),
+    ("layernorm", "moe"),
+    ("core_attn", "layernorm", "moe"),
+)
 OVERRIDES_FOR = 100  # ranked candidates whose layouts.json row carries its command-line overrides
 CP_FROM_SEQ = 8192  # docs/workflow.md: CP once the sequence makes attention memory dominant (>= 8K)
 
@@ -117,14 +127,54 @@ def pipeline_split(a: Arch, pp: int, vpp: int | None) -> str | None:
 
 
 def _uneven_split(layers: int, stages: int) -> str | None:
-    """``ceil(layers / stages)`` layers on every stage but the last, which holds the rest and the loss; None when
-    the last would hold no layer."""
-    each = -(-layers // stages)
-    rest = layers - each * (stages - 1)
-    if stages < 2 or rest < 1:
+    """The recipes' split for layers that do not divide the stages: ``ceil(layers / stages)`` layers on every
+    stage but the last, which holds the rest and the loss (``Etttt|(tttt|)*14tL``, DeepSeek-V3's 61 layers on 16
+    stages); where that leaves the last stage nothing, the embedding takes a layer's slot on the first stage and the
+    loss the last stage alone (``Et|(tt|)*30L``, Kimi-K2's 61 layers on 32 stages). None when neither exists."""
+    if stages < 2:
         return None
+    each = -(-layers // stages)
     inner = f"({'t' * each}|)*{stages - 2}" if stages > 2 else ""
-    return f"E{'t' * each}|{inner}{'t' * rest}L"
+    rest = layers - each * (stages - 1)
+    if rest >= 1:
+        return f"E{'t' * each}|{inner}{'t' * rest}L"
+    rest = layers - (each - 1) - each * (stages - 2)
+    if rest >= 0 and each > 1:
+        return f"E{'t' * (each - 1)}|{inner}{'t' * rest}L"
+    return None
+
+
+def level_overrides(a: Arch, level: str) -> list[str]:
+    """The overrides of a rung of the recompute ladder: a preset (none | selective | full), or ``selective[m,...]``
+    (selective recompute of those modules)."""
+    if level == "selective":
+        return plan.selective_recompute(a)
+    if level.startswith("selective["):
+        return ["recompute=selective", f"recompute.recompute_modules={level.removeprefix('selective')}"]
+    return [f"recompute={level}"]
+
+
+def recompute_levels(a: Arch) -> list[str]:
+    """The rungs of the recompute ladder for this model, before ordering: none, the ``selective`` preset, the
+    published selective lists whose modules the model has, full."""
+    has = {"core_attn", "layernorm"} | ({"moe_act", "moe"} if a.experts else set()) | ({"mla_up_proj"} if a.mla else set()) \
+        | ({"mlp"} if a.n_dense else set()) | ({"shared_experts"} if a.shared_ffn else set())
+    published = [f"selective[{','.join(m)}]" for m in PUBLISHED_SELECTIVE if set(m) <= has]
+    return ["none", "selective", *published, "full"]
+
+
+def recompute_ladder(nodes: dict[str, Any], model: StepModel) -> list[str]:
+    """The rungs the search climbs, least recompute first: none, the selective rungs by the step model's cost of
+    what they re-run (equal costs keep their order), then full. ``nodes``: each rung's ``recompute`` node. A
+    selective rung that removes no more activation terms than a cheaper one is left out."""
+    selective = [n for n in nodes if n not in ("none", "full")]
+    cost = {n: sum(model.recompute_factors(nodes[n])) for n in selective}
+    drops = {n: memory.recompute_drops(nodes[n]) for n in selective}
+    rungs: list[str] = []
+    for name in sorted(selective, key=cost.__getitem__):
+        if not any(drops[kept] >= drops[name] for kept in rungs):
+            rungs.append(name)
+    return ["none", *rungs, "full"]
 
 
 def enumerate_layouts(r: Resolved, micro_batch_sizes: list[int] | None = None) -> Iterator[Candidate]:
@@ -241,10 +291,16 @@ class Search:
         self.arch, self.impl, self.world = self.base.arch, self.base.impl, world
         # The least recompute that fits, from the configured level up the workflow's ladder; a custom
         # recompute setting is kept as it is.
+        self.model = StepModel(self.base)
         name = cfg.recompute.name
-        levels = RECOMPUTE_LEVELS[RECOMPUTE_LEVELS.index(name):] if name in RECOMPUTE_LEVELS else (name,)
-        self.recompute = {level: cfg.recompute if level == name
-                          else overrides.apply(self.cfg, self._level_overrides(level)).recompute for level in levels}
+        if name in RECOMPUTE_LEVELS:
+            nodes = {level: cfg.recompute if level == name
+                     else overrides.apply(self.cfg, self._level_overrides(level)).recompute
+                     for level in recompute_levels(self.arch)}
+            ladder = recompute_ladder(nodes, self.model)
+            self.recompute = {level: nodes[level] for level in ladder[ladder.index(name):]}
+        else:
+            self.recompute = {name: cfg.recompute}
         self.base_name = name
         # the ladder from each level up: where another communication setting may need more recompute
         self.levels_from = {lvl: list(self.recompute)[i:] for i, lvl in enumerate(self.recompute)}
@@ -281,7 +337,6 @@ class Search:
         # weights + gradients per parameter
         self.state_bytes = memory.DTYPE_BYTES[cfg.precision.params_dtype] + memory.grad_bytes(cfg)
         self.domain = cfg.hardware.nvlink_domain_size
-        self.model = StepModel(self.base)
         # the user's settings, which a row's overrides change when its setting differs
         self.base_dispatcher, self.base_overlap = cfg.dispatcher.name, cfg.overlap.overlap_moe_expert_parallel_comm
 
@@ -379,7 +434,7 @@ class Search:
         comm = self.comms[0]
         if fits is not False and len(self.comms) > 1:
             comm, level, peak = self._fastest_comm(c, r, level, peak, worst, static, stages)
-        terms = self.model.terms(r, worst.dense, worst.expert, level, comm.flex, comm.ep_overlap)
+        terms = self.model.terms(r, worst.dense, worst.expert, self.recompute[level], comm.flex, comm.ep_overlap)
         return Result(c, lo, [], level, peak, fits, terms, comm=comm)
 
     def _fastest_comm(self, c: Candidate, r: Resolved, level: str, peak: float, worst, static,
@@ -388,13 +443,13 @@ class Search:
         fits, at the primary's least recompute or above."""
         model, primary = self.model, self.comms[0]
         best = (primary, level, peak)
-        best_step = model.step(r, worst.dense, worst.expert, level, primary.flex, primary.ep_overlap)
+        best_step = model.step(r, worst.dense, worst.expert, self.recompute[level], primary.flex, primary.ep_overlap)
         cross_node = r.layout.ep * r.layout.etp > self.domain
         for comm in self.comms[1:]:
             if (comm.flex and not cross_node and not primary.flex) or (comm.ep_overlap and r.layout.ep == 1):
                 continue  # the model gives the same time (flex inside the domain), or a rule refuses it (L65)
             for lvl in self.levels_from[level]:
-                step = model.step(r, worst.dense, worst.expert, lvl, comm.flex, comm.ep_overlap)
+                step = model.step(r, worst.dense, worst.expert, self.recompute[lvl], comm.flex, comm.ep_overlap)
                 if step >= best_step:
                     break  # more recompute only adds time
                 if self._level_refused(c, lvl) or not self._comm_legal(c, lvl, comm):
@@ -408,16 +463,17 @@ class Search:
     def _least_recompute(self, c: Candidate, r: Resolved, static, stages) -> tuple:
         """(level, peak GiB, fits) with the primary communication setting: the least recompute that fits."""
         cap, overlap = self.cap, self.comms[0].ep_overlap
+        found = None  # the last level tried: a refused rung (e.g. full recompute with EP overlap, L68) is skipped
         for name in self.recompute:
             if self._level_refused(c, name):
-                continue  # e.g. full recompute with EP overlap
+                continue
             peak = self._peaks(c, r, name, static, stages)[overlap]
-            fits = None if cap is None else peak <= cap
-            if fits is not False:
+            found = (name, peak, None if cap is None else peak <= cap)
+            if found[2] is not False:
                 break
             if max(w + g + o for w, g, o, _ in static) / memory.GIB > cap:  # the states alone: no recompute helps
                 break
-        return name, peak, fits
+        return found
 
     def _peaks(self, c: Candidate, r: Resolved, level: str, static, stages) -> tuple[float, float]:
         """The peak (GiB) at a recompute level, without and with EP overlap (the primary dispatcher's
@@ -462,7 +518,7 @@ class Search:
         return not any(self._check(c, kind, level, comm, comm_only=True) for kind in self.comm_kinds)
 
     def _level_overrides(self, level: str) -> list[str]:
-        return plan.selective_recompute(self.arch) if level == "selective" else [f"recompute={level}"]
+        return level_overrides(self.arch, level)
 
     # ------------------------------------------------------------------ the whole search
 

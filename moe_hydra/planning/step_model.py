@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from moe_hydra.core import flops, metrics
 from moe_hydra.core.layout import Layout
@@ -71,9 +72,8 @@ def prediction(r: Resolved, dense_params: int, expert_params: int, flops_per_tok
     cfg = r.cfg
     if cfg.hardware.arch == "cpu":
         return None
-    recompute = cfg.recompute.recompute_granularity or "none"
     flex = cfg.dispatcher.moe_token_dispatcher_type == "flex"
-    terms = StepModel(r).terms(r, dense_params, expert_params, recompute, flex,
+    terms = StepModel(r).terms(r, dense_params, expert_params, cfg.recompute, flex,
                                cfg.overlap.overlap_moe_expert_parallel_comm)
     seconds, world, tokens = terms.pop("step"), r.layout.world_size, r.batch.tokens_per_step
     peak, _ = metrics.peak_tflops(cfg.hardware, cfg.precision)
@@ -130,17 +130,65 @@ class StepModel:
         self.seq, self.gbs = r.batch.seq_length, r.batch.global_batch_size
         self.groups, self.group_topk = cfg.model.moe_router_num_groups, cfg.model.moe_router_group_topk
         self.overlap_grad_reduce = cfg.overlap.overlap_grad_reduce
-        fl = flops.flops_per_token(arch, self.seq)
-        # seconds per token at the sustained rates: dense GEMMs, core attention; experts apart (their rate
-        # depends on the layout)
-        self.dense_s = (fl.total - fl.routed_experts - fl.attention_core) / (k.gemm_efficiency * self.flops_s)
-        self.attention_s = fl.attention_core / (k.attention_efficiency * self.flops_s)
+        self.impl = r.impl
+        fl = flops.swa_discounted(arch, self.seq)  # the work the kernels do: a sliding window's keys only
+        self.flops = fl
+        # seconds per token at the sustained rates: dense GEMMs (at the precision's peak), core attention (bf16:
+        # the recipes keep it out of FP8); experts apart (their rate depends on the layout)
+        bf16 = (hw.peak_tflops_bf16 or NOMINAL_TFLOPS) * 1e12
+        gemm = bf16 * k.gemm_efficiency if self.flops_s == bf16 else self.flops_s * k.low_precision_gemm_efficiency
+        self.gemm_s = 1 / gemm
+        self.dense_flops = fl.total - fl.routed_experts - fl.attention_core
+        attention = k.attention_efficiency if r.impl.attention == "flash" else k.unfused_attention_efficiency
+        self.attention_s = fl.attention_core / (attention * bf16)
         self.expert_flops = fl.routed_experts
-        self.recompute_flops = {"none": 1.0, "full": 4 / 3, "selective": 1 + (fl.attention_core / 3) / fl.total}
         self.layers = arch.num_layers + arch.mtp
         self.moe_layers = arch.n_moe + (arch.mtp if arch.mtp_is_moe else 0)
+        # host time per micro-batch and MoE / dense layer (seconds): CUDA graphs replay what they capture;
+        # sequential experts launch each local expert's kernels one by one
+        graphed = k.cuda_graph_host_fraction if r.impl.cuda_graph_scope else 1.0
+        self.host_moe = k.host_ms_per_moe_layer * 1e-3 * graphed
+        self.host_dense = k.host_ms_per_dense_layer * 1e-3 * graphed
+        self.sequential_experts = r.impl.experts == "sequential"
+        self._recompute: dict[tuple, tuple[float, ...]] = {}
         self._remote: dict[tuple[int, int, bool], float] = {}
         self._mesh: dict[tuple, tuple] = {}
+
+    def recompute_factors(self, recompute: Any) -> tuple[float, ...]:
+        """(dense GEMMs, core attention, experts, EP/ETP all-to-all, TP, MoE-layer host, dense-layer host): what
+        a recompute setting multiplies each by. Selective recompute re-runs the forward of its modules as
+        Megatron-Core checkpoints them: ``core_attn`` the attention core, ``mla_up_proj`` MLA's up-projections,
+        ``mlp`` the dense MLPs, ``shared_experts`` the shared experts, ``moe`` the whole MoE layer (router,
+        dispatch and combine, experts); ``layernorm`` and ``moe_act`` re-run element-wise kernels only. Full
+        recompute re-runs every layer's forward (the output layer excepted)."""
+        key = recompute_key(recompute)
+        found = self._recompute.get(key)
+        if found is None:
+            found = self._recompute[key] = self._factors(key)
+        return found
+
+    def _factors(self, key: tuple) -> tuple[float, ...]:
+        a, fl = self.arch, self.flops
+        granularity, modules = key[0], set(key[1:])
+        layer_dense = fl.dense_mlp + fl.shared_experts + fl.attention_linear
+        if granularity == "full":
+            extra = layer_dense / 3
+            return (1 + extra / self.dense_flops, 4 / 3, 4 / 3, 1.5, 1.5, 4 / 3, 4 / 3)
+        if granularity != "selective":
+            return (1.0,) * 7
+        extra = 0.0
+        if "mlp" in modules:
+            extra += fl.dense_mlp / 3
+        if modules & {"moe", "shared_experts"}:
+            extra += fl.shared_experts / 3
+        if "mla_up_proj" in modules and a.mla:
+            n = a.heads
+            up = (a.q_lora_rank or 0) * n * (a.qk_head_dim + a.qk_pos_emb_head_dim) + a.kv_lora_rank * n * (
+                a.qk_head_dim + a.v_head_dim)
+            extra += 2 * up * self.layers
+        moe = "moe" in modules
+        return (1 + extra / self.dense_flops, 4 / 3 if "core_attn" in modules else 1.0, 4 / 3 if moe else 1.0,
+                1.5 if moe else 1.0, 1.0, 4 / 3 if moe else 1.0, 1.0)
 
     def remote_copies(self, lo: Layout, flex: bool) -> float:
         """Copies of each token that cross the scale-out network in the all-to-all. The alltoall and
@@ -163,26 +211,27 @@ class StepModel:
             self._remote[key] = copies
         return self._remote[key]
 
-    def terms(self, r: Resolved, dense_params: int, expert_params: int, recompute: str,
+    def terms(self, r: Resolved, dense_params: int, expert_params: int, recompute: Any,
               flex: bool = False, ep_overlap: bool = False) -> dict[str, float]:
         """The step-time terms (seconds) of a resolved layout (of this model and batch), from the most loaded
         rank's parameters, and their sum."""
         return dict(zip((*TERMS, "step"), self._terms(r, dense_params, expert_params, recompute, flex, ep_overlap)))
 
-    def step(self, r: Resolved, dense_params: int, expert_params: int, recompute: str,
+    def step(self, r: Resolved, dense_params: int, expert_params: int, recompute: Any,
              flex: bool = False, ep_overlap: bool = False) -> float:
         """The step time alone (what comparing communication settings needs)."""
         return self._terms(r, dense_params, expert_params, recompute, flex, ep_overlap)[-1]
 
-    def _terms(self, r: Resolved, dense_params: int, expert_params: int, recompute: str,
+    def _terms(self, r: Resolved, dense_params: int, expert_params: int, recompute: Any,
                flex: bool, ep_overlap: bool) -> tuple[float, ...]:
         lo, b = r.layout, r.batch
-        key = (lo.tp, lo.cp, lo.pp, lo.ep, lo.etp, lo.sp, b.micro_batch_size, b.micro_batches_per_step, recompute,
+        factors = self.recompute_factors(recompute)
+        key = (lo.tp, lo.cp, lo.pp, lo.ep, lo.etp, lo.sp, b.micro_batch_size, b.micro_batches_per_step, factors,
                dense_params, expert_params)
         mesh = self._mesh.get(key)
         if mesh is None:  # all but the chunks' terms: the same for every VPP of a mesh
             mesh = self._mesh[key] = self._mesh_terms(lo, dense_params, expert_params, b.micro_batch_size,
-                                                      b.micro_batches_per_step, recompute)
+                                                      b.micro_batches_per_step, factors)
         m, compute, ep_nvlink, ep_remote, etp, tp, cp, host, dp, p2p_per_chunk = mesh
         ep = ep_nvlink + ep_remote[flex]
         if ep_overlap:  # hidden under another micro-batch's compute
@@ -196,35 +245,55 @@ class StepModel:
         p2p = vpp * p2p_per_chunk
         return compute, ep, etp, tp, cp, busy - gpu, dp, bubble, p2p, busy + dp + bubble + p2p
 
-    def _mesh_terms(self, lo: Layout, dense_params: int, expert_params: int, mbs: int, m: int, recompute: str) -> tuple:
+    def _mesh_terms(self, lo: Layout, dense_params: int, expert_params: int, mbs: int, m: int,
+                    factors: tuple[float, ...]) -> tuple:
         a, k, world, domain, nvl, out = self.arch, self.k, self.world, self.domain, self.nvlink, self.scaleout
+        dense_f, attention_f, expert_f, a2a_f, tp_f, host_moe_f, host_dense_f = factors
         seq_rows = self.seq * mbs / lo.cp
         rows = seq_rows / lo.tp if lo.sp else seq_rows
-        tokens = self.gbs * self.seq * self.recompute_flops[recompute] / world
-        compute = max(tokens * (self.dense_s + self.attention_s), 12 * dense_params * m / self.hbm)
+        tokens = self.gbs * self.seq / world
+        compute = max(tokens * (self.dense_flops * dense_f * self.gemm_s + self.attention_s * attention_f),
+                      12 * dense_params * m / self.hbm)
         if self.expert_flops:
             per_expert = lo.ep * lo.etp * rows * a.topk / a.experts
-            rate = k.gemm_efficiency * per_expert / (per_expert + k.expert_rows_half) * self.flops_s
-            compute += max(tokens * self.expert_flops / rate, 12 * expert_params * m / self.hbm)
+            rate = per_expert / (per_expert + k.expert_rows_half) / self.gemm_s
+            compute += max(tokens * self.expert_flops * expert_f / rate, 12 * expert_params * m / self.hbm)
         layers, moe_layers = self.layers / lo.pp, self.moe_layers / lo.pp
         ep_nvlink, ep_remote = 0.0, (0.0, 0.0)
         if lo.ep > 1:
-            per_copy = 4 * moe_layers * m * rows * a.h * 2  # one token copy: dispatch + combine, fwd + bwd
+            per_copy = 4 * moe_layers * m * rows * a.h * 2 * a2a_f  # one token copy: dispatch + combine, fwd + bwd
             inside = min(1.0, domain / (lo.ep * lo.etp))
             ep_nvlink = per_copy * a.topk * (lo.ep - 1) / lo.ep * inside / nvl
             ep_remote = tuple(per_copy * self.remote_copies(lo, flex) / out for flex in (False, True))
         etp = 0.0
         if lo.etp > 1:  # tokens all-gathered to and reduce-scattered from the expert-TP group, fwd + bwd
-            etp = (4 * moe_layers * m * rows * a.topk * a.h * 2 * (lo.etp - 1)
+            etp = (4 * moe_layers * m * rows * a.topk * a.h * 2 * (lo.etp - 1) * a2a_f
                    / (nvl if lo.ep * lo.etp <= domain else out))
         tp_bw = nvl if lo.tp * lo.cp <= domain else out
-        tp = 8 * layers * m * seq_rows * a.h * 2 * (lo.tp - 1) / lo.tp / tp_bw
+        tp = 8 * layers * m * seq_rows * a.h * 2 * (lo.tp - 1) / lo.tp / tp_bw * tp_f
         cp = 3 * layers * m * (lo.cp - 1) * seq_rows * 2 * a.kv_width * 2 / lo.tp / tp_bw
-        host = (k.host_ms_per_moe_layer * moe_layers + k.host_ms_per_dense_layer * (layers - moe_layers)) \
-            * 1e-3 * m * (4 / 3 if recompute == "full" else 1.0)
+        host_moe = self.host_moe
+        if self.sequential_experts and a.experts:  # one expert's kernels after another, each launched
+            host_moe += k.host_ms_per_local_expert * 1e-3 * a.experts / lo.ep
+        host = (host_moe * host_moe_f * moe_layers + self.host_dense * host_dense_f * (layers - moe_layers)) * m
         dp_bw = nvl if world <= domain else out
         dense_dp, edp = world // (lo.tp * lo.pp), world // (lo.ep * lo.etp * lo.pp)  # DP x CP, EDP
         dp = (dense_params * 6 * (dense_dp - 1) / dense_dp + expert_params * 6 * (edp - 1) / edp) / dp_bw
         p2p_bw = out if world // lo.pp >= domain and world > domain else nvl
         p2p = 2 * m * rows * a.h * 2 / p2p_bw if lo.pp > 1 else 0.0
         return m, compute, ep_nvlink, ep_remote, etp, tp, cp, host, dp, p2p
+
+
+def recompute_key(recompute: Any) -> tuple:
+    """A recompute setting as a hashable key: ("none",), ("full",) or ("selective", *modules). Takes a
+    ``recompute`` node, such a key, or the names none | full | selective (the attention core alone)."""
+    if isinstance(recompute, tuple):
+        return recompute[:1] + tuple(sorted(recompute[1:]))
+    if isinstance(recompute, str):
+        if recompute not in ("none", "full", "selective"):
+            raise ValueError(f"recompute {recompute!r}: none | full | selective, or a recompute node")
+        return ("selective", "core_attn") if recompute == "selective" else (recompute,)
+    granularity = recompute.recompute_granularity or "none"
+    if granularity != "selective":
+        return (granularity,)
+    return ("selective", *sorted(recompute.recompute_modules or ["core_attn"]))

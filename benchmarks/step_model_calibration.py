@@ -1,67 +1,229 @@
-"""The layout search's step-time model (moe_hydra.planning.step_model) against published measured step times.
+"""The step-time and memory models against measured runs (benchmarks/data/measured_runs.yaml), judged held out.
 
-Each published row is evaluated as the search evaluates a layout (same rules, memory estimate and
-terms), with the row's model, hardware, batch, dispatcher, EP overlap and recompute modules. Printed:
-measured vs modelled step time per row, the error, the rms log error, and whether the model orders the
-rows as the measurements do. ``--fit`` refits the free sustained fractions (scipy least squares on
-log step time, within physical bounds) and prints them: the defaults in ``moe_hydra.core.schema.StepModelConfig``
-come from this fit.
+Each row of the dataset is a published or measured run: its source (repository, file, commit, release), the
+setting as moe_hydra overrides, and the published figures. A row is planned as ``stage=plan`` plans it (the same
+rules, memory estimate and step-time terms, at the row's own recompute, dispatcher, EP overlap and CUDA graphs) and
+compared with its measured step time (a row whose recompute is not published climbs the search's recompute
+ladder to the least that fits): the published one, or GBS x seq / (tokens/s/GPU x GPUs), or, where only
+TFLOP/s/GPU is published by a source that uses Megatron-Core's counter, FLOPs/token x GBS x seq / (TFLOP/s x GPUs).
 
-    python benchmarks/step_model_calibration.py [--fit]
+**Held out.** The free fractions of ``step_model`` (:data:`FREE`) are fitted (scipy least squares on log step time,
+within physical bounds) on every source but one and judged on the rows of the one left out, for each source in turn
+(leave one source out: a source is one release's table, so the other releases of the same recipes stay in the fit),
+then once more leaving one model out. Printed: each row's held-out prediction and error, median / 90th
+percentile / worst |ln(predicted / measured)|, the ranking error between rows of one model, cluster and source, and
+the memory rows (estimate without the declared allowance vs the allocator's peak).
 
-The rows and their source: ``moe_hydra.planning.step_model.PUBLISHED``. Four rows cannot pin down every
-fraction: gemm_efficiency, attention_efficiency, scaleout_efficiency, ep_overlap_efficiency and
-host_ms_per_dense_layer stay at priors (H100 BF16 GEMMs ~70 % of peak, flash attention ~50 %, NCCL over
-400 Gb/s InfiniBand ~85 %, half the all-to-all hidden by EP overlap: the overlapped row waits for the
-host in the fit, so it does not decide the overlap), and the fit says nothing about other hardware.
+    python benchmarks/step_model_calibration.py                    # the report (held-out errors)
+    python benchmarks/step_model_calibration.py --fit              # also the fit on every row: StepModelConfig's defaults
+    python benchmarks/step_model_calibration.py --write-overrides  # each row's overrides from its table columns
+
+``--write-overrides`` rewrites the ``overrides`` of every row from its columns (model, GPUs, precision, sizes,
+dispatcher, recompute, CUDA graphs, recipe settings under ``other``) plus its ``extra_overrides``.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from conftest import compose_config  # noqa: E402
 
-from moe_hydra.planning import plan, search  # noqa: E402
-from moe_hydra.planning.step_model import PUBLISHED, Published, StepModel  # noqa: E402
+from moe_hydra.core import flops, overrides  # noqa: E402
+from moe_hydra.core.resolved import resolve  # noqa: E402
+from moe_hydra.planning import memory, plan, rules, search  # noqa: E402
+from moe_hydra.planning.step_model import StepModel  # noqa: E402
 
-FREE = {  # fitted: name -> (lower, upper)
-    "host_ms_per_moe_layer": (0.0, 30.0),
+DATA = ROOT / "benchmarks" / "data" / "measured_runs.yaml"
+# gpu column -> (hardware preset, GPUs per node)
+HARDWARE = {"h100": ("h100_sxm", 8), "h200": ("h200_sxm", 8), "b200": ("b200", 8), "b300": ("b300", 8),
+            "gb200": ("gb200_nvl72", 4), "gb300": ("gb300_nvl72", 4)}
+# fitted: name -> (lower, upper); the rest of StepModelConfig stays at its priors
+FREE = {
+    "gemm_efficiency": (0.3, 0.95),
+    "low_precision_gemm_efficiency": (0.15, 0.9),
+    "attention_efficiency": (0.15, 0.9),
     "expert_rows_half": (0.0, 8192.0),
     "nvlink_efficiency": (0.1, 1.0),
+    "scaleout_efficiency": (0.2, 1.0),
+    "host_ms_per_moe_layer": (0.0, 30.0),
+    "ep_overlap_efficiency": (0.0, 1.0),
+    "cuda_graph_host_fraction": (0.0, 1.0),
+}
+# recipe settings under a row's ``other`` -> the override that expresses them (None: not modelled, left out)
+OTHER = {
+    "use_precision_aware_optimizer": "optimizer.use_precision_aware_optimizer",
+    "main_grads_dtype": "optimizer.main_grads_dtype",
+    "exp_avg_dtype": "optimizer.exp_avg_dtype",
+    "exp_avg_sq_dtype": "optimizer.exp_avg_sq_dtype",
+    "use_distributed_optimizer": "optimizer.use_distributed_optimizer",
+    "moe_router_force_load_balancing": "routing.moe_router_force_load_balancing",
+    "moe_router_fusion": "kernels.moe_router_fusion",
+    "delay_wgrad_compute": "overlap.delay_wgrad_compute",
+    "fine_grained_activation_offloading": "offload.fine_grained_activation_offloading",
+    "offload_modules": "offload.offload_modules",
 }
 
+
+# ---------------------------------------------------------------------------------------------- the dataset
+
+def load(path: Path = DATA) -> dict[str, Any]:
+    """The dataset: ``sources`` (id -> provenance) and ``runs`` (rows)."""
+    return yaml.safe_load(path.read_text())
+
+
+def overrides_of(row: dict[str, Any]) -> list[str]:
+    """A row's setting as moe_hydra overrides, from its table columns and recipe settings (+ ``extra_overrides``).
+    Where the row names no pipeline layout and its layers do not divide the stages, the recipes' split
+    (:func:`moe_hydra.planning.search.pipeline_split`)."""
+    preset, per_node = HARDWARE[row["gpu"]]
+    n = row["num_gpus"]
+    out = [f"model={row['model']}", f"hardware={preset}",
+           f"hardware.nodes={n // per_node}" if n >= per_node else f"hardware.devices_per_node={n}",
+           f"precision={row['precision']}", f"model.seq_length={row['seq_length']}",
+           f"train.global_batch_size={row['global_batch_size']}"]
+    if row.get("mtp_num_layers") is not None:
+        out.append(overrides.override("model.mtp_num_layers", row["mtp_num_layers"] or None))
+    out += row.get("extra_overrides") or []
+    out.append(f"dispatcher={row.get('dispatcher') or 'alltoall'}")
+    if row.get("ep_overlap"):
+        out.append("overlap.overlap_moe_expert_parallel_comm=true")
+    out += _recompute(row.get("recompute"))
+    graph = row.get("cuda_graph") or {}
+    if graph.get("impl", "none") != "none":
+        out += [f"kernels.cuda_graph_impl={graph['impl']}",
+                overrides.override("kernels.cuda_graph_scope", list(graph.get("scope") or []))]
+    other = row.get("other") or {}
+    if other.get("optimizer", "").startswith("dist_muon"):
+        out.append("optimizer.optimizer=muon")
+    if row["source"].startswith("bridge-"):
+        # Bridge's benchmark mode keeps the gradient buffer in bf16 (grad_reduce_in_fp32 = False in every release's
+        # scripts/performance/configs/<model>/*_llm_pretrain.py, and perf_recipes/_common.py from r0.6.0)
+        out.append("optimizer.grad_reduce_in_fp32=false")
+    out += [overrides.override(key, other[name]) for name, key in OTHER.items() if name in other
+            # distributed Muon shards its state itself (the row's use_distributed_optimizer=false is Adam's flag)
+            and not (name == "use_distributed_optimizer" and other.get("optimizer", "").startswith("dist_muon"))]
+    vpp = row.get("virtual_pipeline_model_parallel_size")
+    vpp = vpp if vpp and vpp > 1 else None
+    tp, pp = row["tensor_model_parallel_size"], row["pipeline_model_parallel_size"]
+    split = row.get("pipeline_layout")
+    if split is None:
+        arch = resolve(compose_config(*out)).arch
+        split = search.pipeline_split(arch, pp, vpp) or "even"
+    c = search.Candidate(tp, row["context_parallel_size"], pp, vpp, row["expert_model_parallel_size"],
+                         row.get("expert_tensor_parallel_size") or 1, row.get("micro_batch_size") or 1, split)
+    return out + c.overrides()
+
+
+def _recompute(rc: Any) -> list[str]:
+    if rc is None:  # not published: the row climbs the search's recompute ladder (Row)
+        return []
+    if rc == "none" or (isinstance(rc, dict) and rc.get("granularity") == "selective" and not rc.get("modules")):
+        return ["recompute=none"]
+    if rc["granularity"] == "full":
+        return ["recompute=full", *(overrides.override(f"recompute.recompute_{k}", rc[k])
+                                    for k in ("method", "num_layers") if rc.get(k) is not None)]
+    return ["recompute=selective", overrides.override("recompute.recompute_modules", list(rc["modules"]))]
+
+
+def write_overrides(path: Path = DATA) -> None:
+    """Rewrite every row's ``overrides`` from its columns, keeping the file's header comment."""
+    text = path.read_text()
+    header = "".join(line for line in text.splitlines(keepends=True)[:_header_lines(text)])
+    data = yaml.safe_load(text)
+    for row in data["runs"]:
+        row["overrides"] = overrides_of(row)
+    path.write_text(header + "\n" + yaml.safe_dump(data, sort_keys=False, width=120, allow_unicode=True))
+
+
+def _header_lines(text: str) -> int:
+    lines = text.splitlines()
+    return next(i for i, line in enumerate(lines) if line and not line.startswith("#"))
+
+
+# ---------------------------------------------------------------------------------------------- evaluation
+
+def measured_step(row: dict[str, Any], source: dict[str, Any], flops_per_token: float) -> tuple[float | None, str]:
+    """(seconds per step, from which figure) of a row; None where it publishes no time."""
+    p = row["published"]
+    tokens = row["global_batch_size"] * row["seq_length"]
+    if p.get("step_time_s"):
+        return p["step_time_s"], "step_time_s"
+    if p.get("tokens_per_s_per_gpu"):
+        return tokens / (p["tokens_per_s_per_gpu"] * row["num_gpus"]), "tokens_per_s_per_gpu"
+    if p.get("tflops_per_gpu") and "MCore num_floating_point_operations" in source.get("counter", ""):
+        return flops_per_token * tokens / (p["tflops_per_gpu"] * 1e12 * row["num_gpus"]), "tflops_per_gpu (Megatron-Core's counter)"
+    return None, "no time published"
+
+
+def candidate_of(cfg: Any) -> search.Candidate:
+    """The layout search's candidate for a config's layout."""
+    p = cfg.parallel
+    split = p.pipeline_model_parallel_layout or ("account" if p.account_for_embedding_in_pipeline_split else "even")
+    return search.Candidate(p.tensor_model_parallel_size, p.context_parallel_size, p.pipeline_model_parallel_size,
+                            p.virtual_pipeline_model_parallel_size, p.expert_model_parallel_size,
+                            p.expert_tensor_parallel_size or 1, cfg.train.micro_batch_size, split)
+
+
 class Row:
-    """One published measurement, evaluated once (rules, memory); its terms re-evaluated per parameter set."""
+    """One dataset row planned at its own settings: rules, memory, step-time terms (re-evaluated per fraction set)."""
 
-    def __init__(self, p: Published):
-        self.p = p
-        self.cfg = compose_config("stage=plan", *p.overrides)
-        s = search.Search(self.cfg)
-        tp, cp, pp, vpp, ep, etp, mbs = p.layout
-        c = search.Candidate(tp, cp, pp, vpp, ep, etp, mbs, search.pipeline_split(s.arch, pp, vpp) or "even")
-        self.result = s.evaluate(c)
-        if not self.result.legal:
-            raise SystemExit(f"{p.name}: illegal here: {self.result.violations}")
-        self.plan = s.resolved(c, self.result.recompute, self.result.comm)
-        self.worst = max(plan.assess(self.plan).ranks, key=lambda r: r.total)
+    def __init__(self, row: dict[str, Any], source: dict[str, Any]):
+        self.row, self.source, self.name = row, source, row["name"]
+        # what moe_hydra cannot express: evaluated (memory, time) without it, left out of the figures
+        self.excluded = "Megatron FSDP (moe_hydra plans the distributed optimizer only)" if row.get("fsdp") else None
+        self.cfg = compose_config("stage=plan", *row["overrides"])
+        if row.get("recompute") is None:  # not published: the least recompute that fits, as the search chooses
+            s = search.Search(self.cfg)
+            c = candidate_of(self.cfg)
+            self.cfg = s.config(c, s.evaluate(c).recompute)
+        self.r = resolve(self.cfg)
+        self.refused: list[str] = []
+        try:
+            a = plan.assess(self.r)
+        except rules.LayoutError as e:
+            self.refused = [f"[{v.rule}] {v.message}" for v in e.violations]
+            a = None
+        if a is not None:
+            self.worst = max(a.ranks, key=lambda x: x.total)
+            self.peak_gib = a.peak.total / memory.GIB
+            self.allowance_gib = a.peak.allowance / memory.GIB
+            cap = self.cfg.hardware.memory_gib
+            self.fits = cap is None or self.peak_gib <= cap
+        fl = flops.flops_per_token(self.r.arch, self.r.batch.seq_length, self.r.layout.tp)
+        self.measured, self.measured_from = measured_step(row, source, fl.total)
+        self.flex = self.cfg.dispatcher.moe_token_dispatcher_type == "flex"
 
-    def terms(self, step_model) -> dict[str, float]:
-        r = self.result
-        model = StepModel(self.plan.with_settings(step_model=step_model))
-        return model.terms(self.plan, self.worst.dense, self.worst.expert, r.recompute, r.comm.flex, r.comm.ep_overlap)
+    @property
+    def timed(self) -> bool:
+        return self.measured is not None and not self.refused and not self.excluded and self.cfg.hardware.arch != "cpu"
 
-def rms_log_error(rows: list[Row], k) -> float:
-    return math.sqrt(sum(math.log(r.terms(k)["step"] / r.p.step_s) ** 2 for r in rows) / len(rows))
+    def step(self, k) -> float:
+        model = StepModel(self.r.with_settings(step_model=k))
+        return model.step(self.r, self.worst.dense, self.worst.expert, self.cfg.recompute, self.flex,
+                          self.cfg.overlap.overlap_moe_expert_parallel_comm)
 
-def fit(rows: list[Row], k):
+    def error(self, k) -> float:
+        return math.log(self.step(k) / self.measured)
+
+
+def rows(data: dict[str, Any] | None = None) -> list[Row]:
+    data = data or load()
+    return [Row(row, data["sources"][row["source"]]) for row in data["runs"]]
+
+
+def fit(train: list[Row], k):
+    """The free fractions fitted to ``train`` (least squares on log step time, within :data:`FREE`'s bounds)."""
     from scipy.optimize import least_squares
 
     names = list(FREE)
@@ -69,36 +231,101 @@ def fit(rows: list[Row], k):
 
     def residuals(x):
         kk = replace(k, **dict(zip(names, x)))
-        return [math.log(r.terms(kk)["step"] / r.p.step_s) for r in rows]
+        return [r.error(kk) for r in train]
 
     x0 = [min(max(getattr(k, n), a), b) for n, a, b in zip(names, lo, hi)]
-    out = least_squares(residuals, x0, bounds=(lo, hi), diff_step=1e-3)
+    out = least_squares(residuals, x0, bounds=(lo, hi), x_scale=[max(abs(v), 1e-2) for v in x0], diff_step=1e-3)
     return replace(k, **dict(zip(names, out.x)))
 
-def report(rows: list[Row], k) -> None:
-    print(f"{'published row':36s} {'measured s':>10s} {'model s':>8s} {'error':>7s}  recompute  GiB   terms (s)")
-    for r in rows:
-        t = r.terms(k)
-        terms = " ".join(f"{n}={v:.2f}" for n, v in t.items() if n != "step" and v)
-        print(f"{r.p.name:36s} {r.p.step_s:10.1f} {t['step']:8.2f} {t['step'] / r.p.step_s - 1:+7.1%}  "
-              f"{r.result.recompute:9s} {r.result.memory_gib:5.1f} {terms}")
-    measured = sorted(rows, key=lambda r: r.p.step_s)
-    modelled = sorted(rows, key=lambda r: r.terms(k)["step"])
-    print(f"rms log error {rms_log_error(rows, k):.3f}; order measured {[rows.index(r) for r in measured]}, "
-          f"modelled {[rows.index(r) for r in modelled]}")
+
+def cross_validate(timed: list[Row], k, group=lambda r: r.row["source"]) -> dict[str, float]:
+    """Row name -> held-out log error: each group's rows predicted by the fractions fitted on the other groups."""
+    held: dict[str, float] = {}
+    for g in sorted({group(r) for r in timed}):
+        kk = fit([r for r in timed if group(r) != g], k)
+        held.update({r.name: r.error(kk) for r in timed if group(r) == g})
+    return held
+
+
+def summary(errors: list[float]) -> dict[str, float]:
+    """median, 90th percentile and worst |ln(predicted / measured)|, and the rows they are over."""
+    a = sorted(abs(e) for e in errors)
+    p90 = a[min(len(a) - 1, math.ceil(0.9 * len(a)) - 1)]
+    return {"rows": len(a), "median": statistics.median(a), "p90": p90, "worst": a[-1]}
+
+
+def ranking_error(timed: list[Row], errors: dict[str, float]) -> dict[str, float]:
+    """|ln| error of the ratio of two rows' step times, over every pair of rows of one model, cluster and source
+    (what choosing between layouts needs): median and 90th percentile."""
+    groups: dict[tuple, list[Row]] = {}
+    for r in timed:
+        groups.setdefault((r.row["source"], r.row["model"], r.row["gpu"], r.row["num_gpus"]), []).append(r)
+    pairs = [errors[a.name] - errors[b.name] for g in groups.values() for i, a in enumerate(g) for b in g[i + 1:]]
+    return summary(pairs) if pairs else {"rows": 0}
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+def report(all_rows: list[Row], k, held: dict[str, float]) -> None:
+    print(f"{'row':64s} {'measured s':>10s} {'held-out s':>10s} {'error':>7s}  fits  from")
+    for r in all_rows:
+        if r.refused or r.excluded:
+            print(f"{r.name:64s} {'excluded: ' + r.excluded if r.excluded else 'refused: ' + '; '.join(r.refused)}")
+        elif r.timed:
+            e = held[r.name]
+            print(f"{r.name:64s} {r.measured:10.3f} {r.measured * math.exp(e):10.3f} {math.exp(e) - 1:+7.1%}  "
+                  f"{'yes' if r.fits else 'NO ':4s}  {r.measured_from}")
+    unfit = [r.name for r in all_rows if not r.refused and not r.excluded and not r.fits]
+    print(f"\ncalled unfit at their own settings: {len(unfit)} {unfit}")
+    refused = [r.name for r in all_rows if r.refused]
+    print(f"refused by the rules: {len(refused)} {refused}")
+    memory_rows(all_rows)
+
+
+def memory_rows(all_rows: list[Row]) -> list[tuple[str, float, float]]:
+    """(row, estimate without the allowance, measured) GiB for the rows that publish a peak."""
+    out = []
+    for r in all_rows:
+        measured = r.row["published"].get("memory_gib")
+        if measured and not r.refused:
+            est = r.peak_gib - r.allowance_gib
+            out.append((r.name, est, measured))
+            print(f"memory {r.name:56s} estimate {est:8.3f} GiB  measured {measured:8.3f} GiB  {est / measured - 1:+6.1%}  "
+                  f"({r.row['published'].get('memory_counter')})")
+    return out
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--fit", action="store_true", help="refit the free fractions and print them")
+    ap.add_argument("--fit", action="store_true", help="also fit on every row and print the fractions")
+    ap.add_argument("--write-overrides", action="store_true", help="rewrite each row's overrides from its columns")
     args = ap.parse_args()
-    rows = [Row(p) for p in PUBLISHED]
-    k = rows[0].cfg.step_model
-    print("defaults (moe_hydra.core.schema.StepModelConfig):")
-    report(rows, k)
+    if args.write_overrides:
+        write_overrides()
+        print(f"rewrote the overrides of {len(load()['runs'])} rows in {DATA}")
+        return
+    all_rows = rows()
+    timed = [r for r in all_rows if r.timed]
+    k = all_rows[0].cfg.step_model
+    held = cross_validate(timed, k)
+    report(all_rows, k, held)
+    s = summary(list(held.values()))
+    print(f"\nheld out, leave one source out ({len({r.row['source'] for r in timed})} sources, {s['rows']} rows): "
+          f"median |ln| {s['median']:.3f}, p90 {s['p90']:.3f}, worst {s['worst']:.3f}")
+    by_model = summary(list(cross_validate(timed, k, group=lambda r: r.row["model"]).values()))
+    print(f"held out, leave one model out: median |ln| {by_model['median']:.3f}, p90 {by_model['p90']:.3f}, "
+          f"worst {by_model['worst']:.3f}")
+    rank = ranking_error(timed, held)
+    print(f"ranking (pairs of one model, cluster and source, held out): {rank}")
+    prior = summary([r.error(k) for r in timed])
+    print(f"defaults on every row (in-sample for what they were fitted to): median |ln| {prior['median']:.3f}, "
+          f"p90 {prior['p90']:.3f}, worst {prior['worst']:.3f}")
     if args.fit:
-        k = fit(rows, k)
-        print("\nfitted: " + ", ".join(f"{n}={getattr(k, n):.3g}" for n in FREE))
-        report(rows, k)
+        kk = fit(timed, k)
+        print("\nfitted on every row: " + ", ".join(f"{n}={getattr(kk, n):.3g}" for n in FREE))
+        s = summary([r.error(kk) for r in timed])
+        print(f"in-sample (not a measure of prediction): median |ln| {s['median']:.3f}, worst {s['worst']:.3f}")
+
 
 if __name__ == "__main__":
     main()

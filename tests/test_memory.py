@@ -126,7 +126,7 @@ def test_activations_grow_with_micro_batch_and_top_k():
     k8 = memory.layer_terms(a.r, True)
     cfg4 = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, moe_router_topk=4))
     k4 = memory.layer_terms(resolve(cfg4), True)
-    for term in ("expert_fc1", "expert_act_in", "moe_act", "unpermute"):
+    for term in ("expert_fc1", "expert_act_in", "moe_act", "expert_probs"):
         assert k8[term] == pytest.approx(2 * k4[term])
     assert k8["attn_norm"] == k4["attn_norm"]
 

@@ -145,6 +145,7 @@ CASES = [
     # planned, searched and fitted, but the job feeds every CP rank whole sequences
     ("J01", ["stage=run", "hardware.devices_per_node=2", "attention_mesh=cp2"],
      r"does not split sequences over context-parallel ranks \(CP 2\)"),
+    ("J02", ["stage=run", "optimizer.optimizer=muon"], r"Muon is planned and searched, not run"),
 ]
 
 

@@ -272,7 +272,7 @@ class OverlapConfig:
 
 @dataclass(kw_only=True, slots=True)
 class OptimizerConfig:
-    optimizer: str = "adam"
+    optimizer: str = "adam"  # adam | sgd | muon (memory: Muon keeps one momentum buffer, as SGD)
     lr: float = 1.0e-4
     weight_decay: float = 0.01
     clip_grad: float = 1.0

@@ -8,8 +8,9 @@ Follows Megatron-Bridge's accounting (docs/flops-memory.md), made right for MoE:
     gradients   params x 4 with grad_reduce_in_fp32, else x bytes(params_dtype) (the DDP buffer, never sharded)
     optimizer   dense  x state / (DP x CP / instances)            (distributed optimizer)
               + expert x state / (EDP / instances)
-                state = master copy (0 when the weights are fp32) + Adam m and v, each in its dtype
-                (fp32 unless use_precision_aware_optimizer); x (1 - offloaded fraction)
+                state = master copy (0 when the weights are fp32) + Adam m and v (SGD, Muon: one
+                momentum buffer), each in its dtype (fp32 unless use_precision_aware_optimizer: e.g. bf16
+                moments); x (1 - offloaded fraction); not sharded without use_distributed_optimizer
 
 For bf16 weights, fp32 gradients and the distributed optimizer this is Megatron's 6 + 12/d bytes
 per parameter, with d = DP x CP for the dense part and EDP for the experts.
@@ -41,7 +42,9 @@ named terms so recompute and offload remove exactly the terms they remove in Meg
     expert_fc1     Th x k x ETP x h                   dispatched tokens (top-k duplicated)  [moe]
     expert_act_in  Th x k x fc1 width                 expert fc1 output                      [moe]
     moe_act        Th x k x fe                        expert activation output   [moe_act, moe]
-    unpermute      Th x k x h                         expert outputs, kept to weight by the probs [moe]
+    expert_probs   Th x k fp32                        the routing probs the experts' activation weights by
+                                                      (Megatron-Core applies them there, so the combine
+                                                      keeps no expert output)                    [moe]
     shared_experts T x (fc1 width + f_sh) / TP        [shared_experts, moe]
 
 (bracketed: the ``recompute_modules`` entry that drops the term; top-k routing is assumed balanced,
@@ -54,7 +57,10 @@ logits of the cross-entropy; each MTP block adds its norms, projection input, la
 Micro-batches in flight on pipeline rank r (M per step): 1F1B holds min(PP - r, M);
 the interleaved schedule holds min(2 (PP - r - 1) + (VPP - 1) PP + 1, M VPP) model-chunk
 micro-batches, i.e. PP (1 + (PP - 1) / (PP VPP)) stage micro-batches on rank 0, as Megatron's schedule
-warms up. Activation elements are 2 bytes (4 with fp32 weights); fp8 recipes keep them in bf16 here.
+warms up. EP overlap holds one layer more: the next micro-batch's forward runs layer by layer beside the oldest
+one's backward, which frees as it goes. Activation elements are 2 bytes (4 with fp32 weights); in FP8 / FP4
+recipes the GEMM inputs kept for the backward pass (qkv_linear, attn_proj, mlp_input, expert_fc1, moe_act, the dense
+MLP's activation output) are Transformer Engine's quantized copies: 1 byte (+ 1/32 for MXFP8's scales), NVFP4 half.
 
 **Allowance**: declared, not estimated (``memory.*``): CUDA context, NCCL buffers, flex-dispatcher
 buffers, CUDA graphs, allocator fragmentation. Listed as such in the plan.
@@ -83,7 +89,7 @@ RECOMPUTE_DROPS = {
     "mla_up_proj": ("mla_up_proj", "core_attn"),
     "mlp": ("mlp",),
     "moe_act": ("moe_act",),
-    "moe": ("router", "expert_fc1", "expert_act_in", "moe_act", "unpermute", "shared_experts"),
+    "moe": ("router", "expert_fc1", "expert_act_in", "moe_act", "expert_probs", "shared_experts"),
     "shared_experts": ("shared_experts",),
 }
 # Terms each fine-grained offload module moves to the host (``offload_modules``).
@@ -124,7 +130,7 @@ def _state_bytes(cfg: Any) -> float:
     master = 0 if dtype == "fp32" else DTYPE_BYTES[o.main_params_dtype if aware else "fp32"]
     m = DTYPE_BYTES[o.exp_avg_dtype if aware else "fp32"]
     v = DTYPE_BYTES[o.exp_avg_sq_dtype if aware else "fp32"]
-    moments = m + v if o.optimizer == "adam" else m  # sgd: momentum only
+    moments = m + v if o.optimizer == "adam" else m  # sgd, muon: one momentum buffer
     return master + moments
 
 
@@ -143,8 +149,9 @@ def layer_terms(r: Resolved, moe: bool) -> dict[str, float]:
     tokens = s * b / lo.cp
     rows = tokens / tp if lo.sp else tokens
     e = 4 if cfg.precision.params_dtype == "fp32" else 2
+    q = gemm_input_bytes(cfg.precision, e)
     h = a.h
-    t: dict[str, float] = {"attn_norm": rows * h * e, "qkv_linear": rows * h * e}
+    t: dict[str, float] = {"attn_norm": rows * h * e, "qkv_linear": rows * h * q}
     if a.mla:
         n, qk, pe, v = a.heads, a.qk_head_dim, a.qk_pos_emb_head_dim, a.v_head_dim
         ql, kvl = a.q_lora_rank or 0, a.kv_lora_rank
@@ -156,21 +163,21 @@ def layer_terms(r: Resolved, moe: bool) -> dict[str, float]:
         t["core_attn"] = tokens * (a.q_width + 2 * a.kv_width) / tp * e
         q_width, heads = a.q_width, a.heads
     t["core_attn_internal"] = tokens * heads / tp * (4 if flash else s * e)
-    t["attn_proj"] = tokens * q_width / tp * e
+    t["attn_proj"] = tokens * q_width / tp * q
     t["mlp_norm"] = rows * h * e
-    t["mlp_input"] = rows * h * e
+    t["mlp_input"] = rows * h * q
     glu = 2 if a.glu else 1
     if not moe:
-        t["mlp"] = tokens * (glu + 1) * a.ffn / tp * e
+        t["mlp"] = tokens * a.ffn / tp * (glu * e + q)
         return t
     ro = cfg.routing
     capacity = ro.moe_expert_capacity_factor if ro.moe_pad_expert_input_to_capacity and ro.moe_expert_capacity_factor else 1.0
     routed = rows * a.topk * capacity  # token copies this rank sends to experts
     t["router"] = rows * a.experts * 2 * 4
-    t["expert_fc1"] = routed * lo.etp * h * e
+    t["expert_fc1"] = routed * lo.etp * h * q
     t["expert_act_in"] = routed * glu * a.moe_ffn * e
-    t["moe_act"] = routed * a.moe_ffn * e
-    t["unpermute"] = routed * h * e
+    t["moe_act"] = routed * a.moe_ffn * q
+    t["expert_probs"] = routed * 4
     if a.shared_ffn:
         t["shared_experts"] = tokens * (glu + 1) * a.shared_ffn / tp * e
     return t
@@ -180,6 +187,17 @@ def recompute_drops(recompute: Any) -> frozenset[str]:
     """The activation terms a ``recompute`` node's selective recompute removes (none for other granularities)."""
     return _dropped_by(recompute.recompute_granularity == "selective",
                        tuple(recompute.recompute_modules or ["core_attn"]), ())
+
+
+def gemm_input_bytes(precision: Any, e: int) -> float:
+    """Bytes per element of what a GEMM keeps of its input for the backward pass: in an FP8 / FP4 recipe
+    Transformer Engine keeps the quantized copy (1 byte, MXFP8 and NVFP4 one scale per 32 or 16 elements; NVFP4
+    half a byte), else the activation dtype."""
+    if precision.fp4:
+        return 0.5 + 1 / 16
+    if precision.fp8:
+        return 1 + (1 / 32 if precision.fp8_recipe == "mxfp8" else 0)
+    return e
 
 
 def _dropped(cfg: Any) -> frozenset[str]:
@@ -199,16 +217,15 @@ def _dropped_by(selective: bool, recomputed: tuple[str, ...], offloaded: tuple[s
     return frozenset(drop)
 
 
-def in_flight_chunks(pp: int, vpp: int | None, pp_rank: int, microbatches: int,
-                     overlap_moe_comm: bool = False) -> tuple[int, int]:
+def in_flight_chunks(pp: int, vpp: int | None, pp_rank: int, microbatches: int) -> tuple[int, int]:
     """(model-chunk micro-batches held at the peak, chunks per rank) on pipeline rank ``pp_rank``:
     the schedule's warmup forwards plus the one whose backward follows (Megatron's
-    ``get_pp_rank_microbatches``; overlapped EP communication runs one more forward first)."""
-    if pp == 1:  # with EP overlap, the next micro-batch's forward runs beside this one's backward
-        return min(1 + overlap_moe_comm, microbatches), 1
+    ``get_pp_rank_microbatches``). EP overlap adds a layer, not a micro-batch: :meth:`Estimator._activations`."""
+    if pp == 1:
+        return min(1, microbatches), 1
     if not vpp or vpp == 1:
         return min(pp - pp_rank, microbatches), 1
-    warmup = 2 * (pp - pp_rank - 1) + (vpp - 1) * pp + overlap_moe_comm
+    warmup = 2 * (pp - pp_rank - 1) + (vpp - 1) * pp
     return min(warmup + 1, microbatches * vpp), vpp
 
 
@@ -252,12 +269,14 @@ class Estimator:
                 for shard in (p.dense / dense_shard + p.expert / expert_shard,)]
 
     def _activations(self, r: RankLayers, overlap: bool | None = None) -> tuple[float, float, float]:
-        """(activation bytes, micro-batches in flight, the bytes of one more micro-batch chunk in flight) of a
-        pipeline rank; ``overlap``: EP overlap on or off (None: as configured)."""
+        """(activation bytes, micro-batches in flight, the bytes EP overlap adds) of a pipeline rank; ``overlap``:
+        EP overlap on or off (None: as configured). With EP overlap Megatron-Core runs the next micro-batch's
+        forward beside the oldest one's backward, layer i of one with layer N-1-i of the other (its combined 1F1B
+        step, after one more warmup forward): what is held grows by one layer of one micro-batch."""
         a, rc = self.a, self.cfg.recompute
         if overlap is None:
             overlap = self.cfg.overlap.overlap_moe_expert_parallel_comm
-        chunks, vpp = in_flight_chunks(self.lo.pp, self.lo.vpp, r.pp_rank, self.microbatches, overlap)
+        chunks, vpp = in_flight_chunks(self.lo.pp, self.lo.vpp, r.pp_rank, self.microbatches)
         n_moe = (r.mask & a.moe_mask).bit_count()
         n_dense = len(r.layers) - n_moe
         mtp_layer = (self.moe_layer if a.mtp_is_moe else self.dense_layer) if r.mtp else 0.0
@@ -279,7 +298,8 @@ class Estimator:
         act = per_mb * stage_mbs + live
         if r.loss:
             act += self.loss * (1 + r.mtp)  # the last stage runs each micro-batch's backward at once
-        return act, stage_mbs, per_mb / vpp
+        next_layer = (self.moe_layer if n_moe else self.dense_layer) if r.layers else 0.0
+        return act + overlap * next_layer, stage_mbs, next_layer
 
     def stages(self, split: tuple[RankLayers, ...], ranks: list[RankParams],
                static: list[tuple[float, float, float, float]] | None = None) -> list[StageMemory]:
@@ -293,17 +313,14 @@ class Estimator:
 
     def peaks(self, split: tuple[RankLayers, ...], static: list[tuple[float, float, float, float]],
               candidates: list[int] | None = None) -> tuple[float, float]:
-        """The most-loaded stage's total without and with EP overlap (one more micro-batch chunk in flight,
-        where the schedule holds more than it has). ``candidates``: the stages that can be the most loaded
-        (:func:`peak_candidates`)."""
+        """The most-loaded stage's total without and with EP overlap (one layer more held).
+        ``candidates``: the stages that can be the most loaded (:func:`peak_candidates`)."""
         off = on = 0.0
         for i in candidates if candidates is not None else range(len(split)):
-            r = split[i]
-            act, held, chunk = self._activations(r, False)
+            act, _, next_layer = self._activations(split[i], False)
             est = _estimated(static[i], act)
             off = max(off, est + self.allowance_total(est))
-            more, per_rank = in_flight_chunks(self.lo.pp, self.lo.vpp, r.pp_rank, self.microbatches, True)
-            est = _estimated(static[i], act + (more - held * per_rank) * chunk)  # the chunks held with EP overlap
+            est = _estimated(static[i], act + next_layer)
             on = max(on, est + self.allowance_total(est))
         return off, on
 

@@ -3,17 +3,18 @@
 **Enumerate.** TP, CP, PP, EP, ETP over the divisors of the world size (TP x CP x PP and
 ETP x EP x PP must divide it, EP must divide the experts: rules L01/L02/L10 would refuse the rest),
 VPP from none to as many chunks as there are layers, SP on whenever TP > 1 (Megatron needs it for
-MoE with TP), and micro-batch sizes when asked. Each (PP, VPP) gets the pipeline split Megatron
-recipes use: an even split; else the embedding and loss counted as one layer each
-(``account_for_*_in_pipeline_split``); else, with MTP, a ``pipeline_model_parallel_layout`` in which
-E, m and L each take a layer's slot (``Et|(tt|)*30mL`` for DeepSeek-V3 on PP8 x VPP4); else, without MTP,
-the recipes' uneven string (:func:`pipeline_split`). Every candidate is a config (the base config with the
-candidate's fields), resolved by the same constructor as ``stage=plan`` (:func:`moe_hydra.core.resolved.resolve`),
+MoE with TP), and micro-batch sizes when asked. Each (PP, VPP) gets the pipeline splits Megatron
+recipes use (:func:`pipeline_splits`, each a candidate): an even split; else the embedding and loss counted as
+one layer each (``account_for_*_in_pipeline_split``); else ``pipeline_model_parallel_layout`` strings — with
+MTP, E, m and L each taking a layer's slot (``Et|(tt|)*30mL``, DeepSeek-V3 on PP8 x VPP4), and the uneven kinds
+(``Etttt|(tttt|)*14tmL`` on PP4 x VPP4, ``Et|(tt|)*30L`` for Kimi-K2 on PP16 x VPP2). Every candidate is
+a config (the base config with the candidate's fields), resolved by the same constructor as ``stage=plan`` (:func:`moe_hydra.core.resolved.resolve`),
 then checked by the same rules and estimates as :func:`moe_hydra.planning.plan.assess`, each cached by exactly
 the resolved fields it reads (:func:`moe_hydra.planning.rules.base.cache_key`). The global batch stays fixed
 across candidates (the contract).
 
-**Fit.** The least recompute that fits (none -> selective -> full, the workflow's order) is kept
+**Fit.** The least recompute that fits (none -> the selective module lists -> full, the workflow's order; the
+lists by the step model's cost of what they re-run, :func:`recompute_ladder`) is kept
 with the candidate; a candidate that fits with none of them is kept as ``fits: false``.
 
 **Communication settings.** A Search may also try other dispatchers and EP overlap with every layout
@@ -104,44 +105,51 @@ class Candidate:
         return f"TP{self.tp} CP{self.cp} PP{self.pp}{vpp} EP{self.ep} ETP{self.etp} MBS{self.mbs}"
 
 
-def pipeline_split(a: Arch, pp: int, vpp: int | None) -> str | None:
-    """The split Megatron recipes use for ``pp x vpp`` stages, or None when none exists: an even split; the
-    embedding and loss counted as a layer each; with MTP, E, m and L each taking a layer's slot; else, without MTP,
-    the recipes' uneven kind for layers that do not divide (``Etttt|(tttt|)*14tL`` for DeepSeek-V3's 61 layers on
-    16 stages): ceil(layers / stages) layers a stage, the remainder on the last, with the loss."""
+def pipeline_splits(a: Arch, pp: int, vpp: int | None) -> list[str]:
+    """The splits Megatron recipes use for ``pp x vpp`` stages (none when none exists): an even split; else the
+    embedding and loss counted as a layer each; else the pipeline_model_parallel_layout strings of the recipes:
+    with MTP, E, m and L each taking a layer's slot (``Et|(tt|)*30mL``, DeepSeek-V3 on PP8 x VPP4), and the uneven
+    kinds of :func:`_uneven_splits` with the MTP block before the loss (``Etttt|(tttt|)*14tmL`` on PP4 x VPP4)."""
     stages = pp * (vpp or 1)
     if stages == 1 or (a.num_layers % stages == 0 and not a.mtp):
-        return "even"
+        return ["even"]
     if (a.num_layers + 2) % stages == 0 and not a.mtp:
-        return "account"
-    if not a.mtp:
-        return _uneven_split(a.num_layers, stages)
-    slots, rem = divmod(a.num_layers + 2 + a.mtp, stages)
-    if rem or slots < 1 + a.mtp:
-        return "even" if a.num_layers % stages == 0 else None
-    first = "E" + "t" * (slots - 1)
-    last = "t" * (slots - 1 - a.mtp) + "m" * a.mtp + "L"
-    middle = "t" * slots
-    inner = f"({middle}|)*{stages - 2}" if stages > 2 else ""
-    return f"{first}|{inner}{last}"
+        return ["account"]
+    out = []
+    if a.mtp:
+        slots, rem = divmod(a.num_layers + 2 + a.mtp, stages)
+        if not rem and slots >= 1 + a.mtp:
+            first = "E" + "t" * (slots - 1)
+            last = "t" * (slots - 1 - a.mtp) + "m" * a.mtp + "L"
+            out.append(f"{first}|({'t' * slots}|)*{stages - 2}{last}" if stages > 2 else f"{first}|{last}")
+        elif a.num_layers % stages == 0:
+            out.append("even")
+    out += [x for x in _uneven_splits(a.num_layers, stages, "m" * a.mtp + "L") if x not in out]
+    return out
 
 
-def _uneven_split(layers: int, stages: int) -> str | None:
-    """The recipes' split for layers that do not divide the stages: ``ceil(layers / stages)`` layers on every
-    stage but the last, which holds the rest and the loss (``Etttt|(tttt|)*14tL``, DeepSeek-V3's 61 layers on 16
-    stages); where that leaves the last stage nothing, the embedding takes a layer's slot on the first stage and the
-    loss the last stage alone (``Et|(tt|)*30L``, Kimi-K2's 61 layers on 32 stages). None when neither exists."""
+def pipeline_split(a: Arch, pp: int, vpp: int | None) -> str | None:
+    """The first of :func:`pipeline_splits` (the recipes' usual one), or None."""
+    return next(iter(pipeline_splits(a, pp, vpp)), None)
+
+
+def _uneven_splits(layers: int, stages: int, tail: str) -> list[str]:
+    """The recipes' splits for layers that do not divide the stages: ``ceil(layers / stages)`` layers on every
+    stage but the last, which holds the rest and ``tail`` (the loss, after MTP) (``Etttt|(tttt|)*14tL``, DeepSeek-V3's
+    61 layers on 16 stages); and the embedding taking a layer's slot on the first stage, the last holding what is left,
+    possibly nothing but the tail (``Et|(tt|)*30L``, Kimi-K2's 61 layers on 32 stages)."""
     if stages < 2:
-        return None
+        return []
     each = -(-layers // stages)
     inner = f"({'t' * each}|)*{stages - 2}" if stages > 2 else ""
+    out = []
     rest = layers - each * (stages - 1)
     if rest >= 1:
-        return f"E{'t' * each}|{inner}{'t' * rest}L"
+        out.append(f"E{'t' * each}|{inner}{'t' * rest}{tail}")
     rest = layers - (each - 1) - each * (stages - 2)
     if rest >= 0 and each > 1:
-        return f"E{'t' * (each - 1)}|{inner}{'t' * rest}L"
-    return None
+        out.append(f"E{'t' * (each - 1)}|{inner}{'t' * rest}{tail}")
+    return out
 
 
 def level_overrides(a: Arch, level: str) -> list[str]:
@@ -185,7 +193,7 @@ def enumerate_layouts(r: Resolved, micro_batch_sizes: list[int] | None = None) -
     for mbs in micro_batch_sizes or [r.batch.micro_batch_size]:
         for pp in divs:
             vpps = [None] + [v for v in range(2, a.num_layers // pp + 2)] if pp > 1 else [None]
-            splits = [(v, s) for v in vpps if (s := pipeline_split(a, pp, v)) is not None]
+            splits = [(v, s) for v in vpps for s in pipeline_splits(a, pp, v)]
             for tp in divs:
                 for cp in divs:
                     if world % (tp * cp * pp):

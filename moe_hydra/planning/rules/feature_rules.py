@@ -293,3 +293,12 @@ def j01_job_context_parallel(c: Ctx):
                 "plan, search and fit CP layouts with stage=plan or stage=fit",
                 "parallel.context_parallel_size=1, or stage=plan", parallel__context_parallel_size=c.layout.cp,
                 stage="run")
+
+
+@rule(reads="fixed")
+def j02_job_muon(c: Ctx):
+    """The admission of stage=run: Muon is planned (its memory: one momentum buffer) but the job builds
+    Megatron-Core's Adam or SGD only."""
+    if c.cfg.stage == "run" and c.cfg.optimizer.optimizer == "muon":
+        yield V("J02", "the job builds Megatron-Core's Adam or SGD; Muon is planned and searched, not run",
+                "optimizer.optimizer=adam, or stage=plan", optimizer__optimizer="muon", stage="run")

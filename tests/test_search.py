@@ -286,11 +286,16 @@ def test_screening_measures_the_top_layouts_on_this_machine(cli, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads((tmp_path / "multi" / "layouts.json").read_text())
     arms = report["screening"]["arms"]
-    assert len(arms) == 3 and sorted(a["measured_rank"] for a in arms) == [1, 2, 3]
+    # the layouts tied with the best within the step model's held-out error, at most top_k of them
+    tied = [c for c in report["candidates"] if c.get("tied")]
+    assert len(tied) == report["tied"] >= 2 and len(arms) == min(report["tied"], 3)
+    assert [a["layout"] for a in sorted(arms, key=lambda a: a["predicted_rank"])] == [c["layout"] for c in tied[:3]]
+    assert sorted(a["measured_rank"] for a in arms) == list(range(1, len(arms) + 1))
     for a in arms:
         assert len(a["samples_ms"]) == 8 and a["ci_ms"][0] < a["step_ms"] < a["ci_ms"][1]
     best = next(a for a in arms if a["measured_rank"] == 1)
     assert best["tie_with_best"] and "contract.window=[4,53]" in report["screening"]["validate"]["command"]
     assert "screening: measured steady step time" in r.stdout and "validate" in r.stdout
-    hashes = {json.loads((tmp_path / "multi" / str(i) / "results.json").read_text())["contract_hash"] for i in range(3)}
+    hashes = {json.loads((tmp_path / "multi" / str(i) / "results.json").read_text())["contract_hash"]
+              for i in range(len(arms))}
     assert len(hashes) == 1  # the arms differ only in what the search varied

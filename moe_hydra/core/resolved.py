@@ -79,7 +79,8 @@ class Implementation:
     experts: str
     # Adam: fused (TE / Apex) | torch (Megatron's fallback, which holds an fp32 temporary of the shard it steps)
     optimizer: str
-    # what CUDA graphs capture (kernels.cuda_graph_scope), () when graphs are off
+    # what CUDA graphs capture: kernels.cuda_graph_scope; ("full",) (whole layers) when graphs are on with no scope
+    # listed; ("full_iteration",) for cuda_graph_impl=full_iteration; () when graphs are off
     cuda_graph_scope: tuple[str, ...]
     # where these facts come from
     source: str
@@ -94,7 +95,7 @@ class Implementation:
             attention="flash" if te else "unfused",
             experts="grouped" if k.moe_grouped_gemm and gpu and (te or grouped_gemm) else "sequential",
             optimizer="fused" if gpu and (te or apex) else "torch",
-            cuda_graph_scope=tuple(k.cuda_graph_scope) if k.cuda_graph_impl != "none" else (),
+            cuda_graph_scope=_graphed(k),
             source=source,
         )
 
@@ -203,3 +204,12 @@ def resolve(cfg: Any, impl: Implementation | None = None, arch: Arch | None = No
     batch = Batch(t.micro_batch_size, gbs, gbs // (t.micro_batch_size * layout.dp) if layout.dp else 0, t.seq_length)
     split = rank_layers(arch, layout, cfg.parallel) if arch else None
     return Resolved(cfg, layout, arch, split, batch, impl or Implementation.declared(cfg))
+
+
+def _graphed(kernels: Any) -> tuple[str, ...]:
+    """What CUDA graphs capture (:attr:`Implementation.cuda_graph_scope`)."""
+    if kernels.cuda_graph_impl == "none":
+        return ()
+    if kernels.cuda_graph_impl == "full_iteration":
+        return ("full_iteration",)
+    return tuple(kernels.cuda_graph_scope) or ("full",)

@@ -383,33 +383,34 @@ class LoggerConfig:
 @dataclass(kw_only=True, slots=True)
 class StepModelConfig:
     """The sustained fractions of the hardware's peaks the layout search's step-time model uses
-    (moe_hydra.planning.step_model). Fitted to published H100 measurements (benchmarks/step_model_calibration.py);
+    (moe_hydra.planning.step_model). Fitted to the measured runs of benchmarks/data/measured_runs.yaml
+    (benchmarks/step_model_calibration.py --fit; the fitted ones below), judged on the sources left out of the fit;
     refit them to your cluster's screening runs."""
 
-    # Priors (not fitted): dense GEMMs (attention projections, dense/shared MLPs, logits), fraction of
-    # the peak FLOP/s;
-    gemm_efficiency: float = 0.7
-    # core (flash) attention, forward + backward;
-    attention_efficiency: float = 0.5
-    # collectives and the all-to-all over the scale-out NIC, fraction of its bandwidth.
-    scaleout_efficiency: float = 0.85
-    # Fitted: rows per expert GEMM at which grouped expert GEMMs run at half the dense GEMM rate;
-    expert_rows_half: float = 2048.0
+    # Fitted: dense GEMMs (attention projections, dense/shared MLPs, logits) in bf16, fraction of the peak;
+    gemm_efficiency: float = 0.409
+    # core (flash) attention, forward + backward, fraction of the bf16 peak (at the fit's upper bound, 0.75);
+    attention_efficiency: float = 0.75
+    # collectives and the all-to-all over the scale-out NIC, fraction of its bandwidth;
+    scaleout_efficiency: float = 0.864
+    # rows per expert GEMM at which grouped expert GEMMs run at half the dense GEMM rate;
+    expert_rows_half: float = 678.0
     # collectives and the all-to-all inside the NVLink domain, fraction of half the bidirectional bandwidth;
-    nvlink_efficiency: float = 0.36
-    # host time per MoE layer per micro-batch, forward + backward (launches, the dispatcher's syncs).
-    host_ms_per_moe_layer: float = 10.5
-    # Prior (the published rows do not decide it: the overlapped one waits for the host): the fraction of
-    # the all-to-all that EP overlap hides under another micro-batch's compute.
-    ep_overlap_efficiency: float = 0.5
-    # Prior: a dense layer launches about a quarter of a MoE layer's kernels and has no dispatcher sync.
-    host_ms_per_dense_layer: float = 2.5
+    nvlink_efficiency: float = 0.362
+    # host time per MoE layer per micro-batch, forward + backward (launches, the dispatcher's syncs);
+    host_ms_per_moe_layer: float = 11.4
+    # the fraction of the all-to-all that EP overlap hides under another micro-batch's compute;
+    ep_overlap_efficiency: float = 0.512
     # GEMMs in FP8 / MXFP8 / NVFP4: fraction of that precision's peak (quantisation kernels included);
-    low_precision_gemm_efficiency: float = 0.45
+    low_precision_gemm_efficiency: float = 0.35
+    # host time CUDA graphs of a partial scope leave (kernels.cuda_graph_scope; a whole-iteration graph
+    # leaves none), fraction of the above.
+    cuda_graph_host_fraction: float = 0.693
+    # Priors (the dataset does not decide them): a dense layer launches about a quarter of a MoE layer's
+    # kernels and has no dispatcher sync;
+    host_ms_per_dense_layer: float = 2.5
     # unfused core attention (the local spec, no Transformer Engine): fraction of the bf16 peak;
     unfused_attention_efficiency: float = 0.15
-    # host time CUDA graphs leave (kernels.cuda_graph_impl, cuda_graph_scope), fraction of the above;
-    cuda_graph_host_fraction: float = 0.5
     # sequential experts (no grouped GEMM): host time per local expert per MoE layer per micro-batch,
     # forward + backward (one H200 without TE: ~0.4 s per micro-batch for 128 experts x 4 layers).
     host_ms_per_local_expert: float = 0.78

@@ -13,7 +13,9 @@ run and recorded but never enter a statistic; the steady window is ``contract.wi
     steps, window, warmup_steps, step_times_ms, step_time_ms, step_time_counter
     host_times_ms, device_times_ms, host_time_ms, device_time_ms
     tokens_per_s_per_gpu, tflops_per_gpu, flops_per_token, flops_counter, mfu, peak_tflops
-    peak_memory_gib, memory_counter, memory_vs_estimate (GPU: the plan's estimate against max allocated)
+    peak_memory_gib, memory_counter, memory_vs_estimate (GPU: the plan's estimate against max allocated),
+    memory_phases_gib (GPU: the allocator's peak between steps, in forward/backward, in the optimizer step, and what
+    is allocated after the first step)
     loss                   first, last, per_step, all_finite, nan_or_skipped
     evidence               facts read from the built model and optimizer, not from the config
 """
@@ -76,6 +78,35 @@ def _warnings_to_file(path: Path) -> None:
     logger.addHandler(handler)
     logger.propagate = False
     logging.captureWarnings(True)
+
+
+class MemoryPhases:
+    """The GPU allocator's peaks by phase of a step (``torch.cuda.max_memory_allocated`` between
+    ``reset_peak_memory_stats`` calls): between steps, forward/backward, the optimizer step; what is allocated after
+    the first step (weights, gradients, optimizer state); and the run's peaks, kept across the resets."""
+
+    PHASES = ("between_steps", "forward_backward", "optimizer_step")
+
+    def __init__(self):
+        import torch
+
+        self.cuda = torch.cuda
+        self.peak = [self.cuda.max_memory_allocated(), self.cuda.max_memory_reserved()]  # model build included
+        self.phases = dict.fromkeys(self.PHASES, 0)
+        self.after_first_step: int | None = None
+        self.cuda.reset_peak_memory_stats()
+
+    def end(self, phase: str) -> None:
+        """Close ``phase``: record its peak, start the next."""
+        allocated, reserved = self.cuda.max_memory_allocated(), self.cuda.max_memory_reserved()
+        self.phases[phase] = max(self.phases[phase], allocated)
+        self.peak = [max(self.peak[0], allocated), max(self.peak[1], reserved)]
+        self.cuda.reset_peak_memory_stats()
+        if phase == "optimizer_step" and self.after_first_step is None:
+            self.after_first_step = self.cuda.memory_allocated()
+
+    def as_list(self) -> list[float]:
+        return [*self.peak, *(self.phases[p] for p in self.PHASES), self.after_first_step or 0]
 
 
 class Job:
@@ -307,6 +338,7 @@ class Job:
         dp_rank = ps.get_data_parallel_rank()
         forward_step = self._forward_step(data, tcfg)
         gpu = telemetry.open_gpu(self.local_rank) if self.on_gpu else None
+        self.memory_phases = MemoryPhases() if self.on_gpu else None
         peak, _ = metrics.peak_tflops(cfg.hardware, cfg.precision)
         records: list[metrics.StepRecord] = []
         samples = []
@@ -349,6 +381,9 @@ class Job:
             start_evt, end_evt = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start_evt.record()
         t0 = time.perf_counter()
+        phases = self.memory_phases
+        if phases is not None:
+            phases.end("between_steps")
         for m in model:
             m.zero_grad_buffer()
         optimizer.zero_grad()
@@ -361,7 +396,11 @@ class Job:
             micro_batch_size=batch.micro_batch_size,
             forward_only=False,
         )
+        if phases is not None:
+            phases.end("forward_backward")
         ok, grad_norm, _ = optimizer.step()
+        if phases is not None:
+            phases.end("optimizer_step")
         host_ms = device_ms = None
         if self.on_gpu:
             host_ms = (time.perf_counter() - t0) * 1e3
@@ -416,7 +455,7 @@ class Job:
         import torch
 
         if self.on_gpu:
-            return torch.cuda.max_memory_allocated() / 2**30
+            return self.memory_phases.peak[0] / 2**30
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
     def _peak_memory(self) -> dict[str, Any]:
@@ -424,7 +463,7 @@ class Job:
         import torch.distributed as dist
 
         if self.on_gpu:
-            values = [torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()]
+            values = self.memory_phases.as_list()
             counter = "torch.cuda.max_memory_allocated / max_memory_reserved, max over ranks"
         else:
             values = [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, 0]
@@ -433,7 +472,12 @@ class Job:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         gib = [float(x) / 2**30 for x in t]
         peak = {"allocated": gib[0], "reserved": gib[1]} if self.on_gpu else {"rss": gib[0]}
-        out = {"peak_memory_gib": peak, "memory_counter": counter}
+        out = {"peak_memory_gib": peak, "memory_counter": counter, "memory_phases_gib": None}
+        if self.on_gpu:  # where in a step the peak sits
+            out["memory_phases_gib"] = {
+                **dict(zip(MemoryPhases.PHASES, gib[2:5])), "after_first_step": gib[5],
+                "counter": "torch.cuda.max_memory_allocated between reset_peak_memory_stats at each phase's end; "
+                           "after_first_step: memory_allocated after the first optimizer step; max over steps, ranks"}
         if self.on_gpu:  # the estimate without its declared allowance is what the allocator sees
             est = self.plan["memory"]["total"] - self.plan["memory"]["allowance"]
             out["memory_vs_estimate"] = {"estimate_gib": est, "allocated_gib": gib[0],

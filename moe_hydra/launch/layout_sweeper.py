@@ -10,8 +10,9 @@
 2. :class:`moe_hydra.planning.search.Search`: enumerate -> legality -> fit -> rank; print the top of the
    ranking with every step-time term; write ``layouts.json`` and a ready-to-run sweep of the top
    layouts (``search/experiment/layout_NN.yaml`` + ``run_top.sh``) into the sweep directory.
-3. Unless ``stage=plan`` (or ``fit``), screen the top ``top_k`` with short real runs through the
-   configured launcher (local processes or Slurm): a short contract (``screen_window``, after
+3. Unless ``stage=plan`` (or ``fit``), screen the layouts the step model cannot tell from the best (``tied``
+   in ``layouts.json``: predicted within its held-out ranking error, ``tie_width``), at most ``top_k`` of
+   them, with short real runs through the configured launcher (local processes or Slurm): a short contract (``screen_window``, after
    ``screen_warmup`` steps), every arm with the same global batch and contract hash. Rank them by
    measured steady step time with a 95 % interval of the mean; a layout whose Welch comparison with
    the fastest (moe_hydra.core.stats, the hardware's run-to-run noise as the floor) finds no significant
@@ -52,7 +53,8 @@ LAYOUT_GROUPS = ("attention_mesh", "expert_mesh", "mesh")
 @dataclass
 class LayoutSweeperConf:
     _target_: str = "hydra_plugins.moe_hydra_sweeper.LayoutSweeper"
-    # Layouts to screen with real runs (not with stage=plan); 0 = search only.
+    # The most layouts to screen with real runs (not with stage=plan): the set tied with the best, cut at
+    # this many; 0 = search only.
     top_k: int = 0
     # Micro-batch sizes to search as well; null = train.micro_batch_size only.
     micro_batch_sizes: Optional[List[int]] = None
@@ -140,7 +142,11 @@ class LayoutSweeperImpl(Sweeper):
                                              "memory_gib)")
         if cfg.stage is not Stage.run or self.top_k <= 0:
             return self._outcome("PLANNED")
-        screening, returns = self._screen(cfg, s, ranked[: self.top_k], base, sweep_dir)
+        tied = [r for r in ranked if r["tied"]]  # what the step model cannot tell apart: screening measures it
+        if len(tied) > self.top_k:
+            log.info("%d layouts are tied with the best within the step model's held-out error (x%.2f); screening "
+                     "the first %d (hydra.sweeper.top_k)", len(tied), report["tie_width"], self.top_k)
+        screening, returns = self._screen(cfg, s, tied[: self.top_k], base, sweep_dir)
         report["screening"] = screening
         io.write_json(report, sweep_dir / "layouts.json", indent=None)
         return returns
@@ -282,11 +288,15 @@ def render_ranking(report: dict, rows: int):
     comm = len(report["communication_settings"]) > 1
     top = [x for x in report["candidates"] if x["rank"]][:rows]
     terms = [k for k in TERMS if any(r["terms_s"][k] for r in top)]  # the terms that are zero throughout: left out
-    for col in ("#", "layout", "MBS", *(("dispatcher",) if comm else ()), "recompute", "GiB", "step s", *terms):
+    t.caption = (f"tie: predicted within x{report['tie_width']:.2f} of the best (the step model's held-out ranking "
+                 f"error), indistinguishable before measuring: {report['tied']} layouts")
+    t.caption_justify = "left"
+    for col in ("#", "tie", "layout", "MBS", *(("dispatcher",) if comm else ()), "recompute", "GiB", "step s", *terms):
         t.add_column(col, justify="left" if col in ("layout", "dispatcher", "recompute") else "right")
     for r in top:
         setting = (r["dispatcher"] + (" +ovl" if r["overlap_moe_expert_parallel_comm"] else ""),) if comm else ()
-        t.add_row(str(r["rank"]), r["layout"], str(r["micro_batch_size"]), *setting, r["recompute"],
+        t.add_row(str(r["rank"]), "≈" if r["tied"] else "", r["layout"], str(r["micro_batch_size"]), *setting,
+                  r["recompute"],
                   "?" if r["memory_gib"] is None else f"{r['memory_gib']:.1f}", _s(r["step_time_s"]),
                   *(_s(r["terms_s"][k]) for k in terms))
     return t

@@ -78,8 +78,10 @@ def plan_table(plan: dict[str, Any]):
     st = plan.get("step_time")
     if st:
         mfu = f", MFU {st['mfu']:.1%}" if st["mfu"] is not None else ""
-        t.add_row("predicted step", f"{st['seconds']:.3f} s: {st['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, "
-                  f"{st['tflops_per_gpu']:.0f} TFLOP/s/GPU{mfu} (moe_hydra.planning.step_model; a ranking aid)")
+        lo, hi = st["interval_s"]
+        t.add_row("predicted step", f"{st['seconds']:.3f} s ({lo:.3g}-{hi:.3g} s: 90 % of held-out runs fall in this "
+                  f"range): {st['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, {st['tflops_per_gpu']:.0f} TFLOP/s/GPU{mfu} "
+                  "(moe_hydra.planning.step_model; a ranking aid)")
     _memory_rows(t, plan)
     label = plan["label"] + (f": {'; '.join(plan['label_reasons'])}" if plan["label_reasons"] else "")
     t.add_row("label", label)

@@ -37,6 +37,7 @@ Pure: standard library only.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import multiprocessing
 import os
@@ -50,20 +51,20 @@ from moe_hydra.core.arch import Arch
 from moe_hydra.core.layout import Layout
 from moe_hydra.core.resolved import Resolved, resolve
 from moe_hydra.core.versions import McoreFacts, mcore_facts
-from moe_hydra.planning import memory, plan, rules
+from moe_hydra.planning import memory, plan, rules, step_model
 from moe_hydra.planning.rules.base import READS, _divisors, cache_key
 from moe_hydra.planning.step_model import TERMS, StepModel
 
 RECOMPUTE_LEVELS = ("none", "selective", "full")
 # The selective module lists the recompute ladder climbs besides the ``selective`` preset, each where the model has
 # its modules: the lists NVIDIA's published runs use (benchmarks/data/measured_runs.yaml: Megatron-Bridge's
-# performance recipes, Megatron-MoE-ModelZoo).
+# performance recipes for DeepSeek-V3, Kimi-K2, GPT-OSS; Megatron-MoE-ModelZoo's Qwen3, long context included).
 PUBLISHED_SELECTIVE = (
     ("layernorm", "moe_act"),
+    ("mlp",),
+    ("mla_up_proj",),
     ("mla_up_proj", "mlp"),
-    ("mla_up_proj", "layernorm", "moe_act"),
     ("layernorm", "moe"),
-    ("core_attn", "layernorm", "moe"),
 )
 OVERRIDES_FOR = 100  # ranked candidates whose layouts.json row carries its command-line overrides
 CP_FROM_SEQ = 8192  # docs/workflow.md: CP once the sequence makes attention memory dominant (>= 8K)
@@ -583,9 +584,11 @@ class Search:
         return out
 
     def report(self, results: list[Result], seconds: float) -> dict[str, Any]:
-        """``layouts.json``: every candidate (rank, legality, memory, terms, overrides), best first."""
+        """``layouts.json``: every candidate (rank, legality, memory, terms, overrides), best first; ``tied``
+        marks the ranked layouts the step model cannot tell from the best (:func:`tied_set`)."""
         ranked = sorted((r for r in results if r.rank), key=lambda r: r.rank)
         rest = [r for r in results if not r.rank]
+        tied = tied_set(ranked)
         cfg = self.cfg
         return {
             "model": cfg.model.name, "hardware": cfg.hardware.name, "world_size": self.world,
@@ -597,10 +600,14 @@ class Search:
                        "fit": sum(r.legal and r.fits is not False for r in results), "ranked": len(ranked)},
             "search_seconds": round(seconds, 3),
             "step_time_model": {"model": "moe_hydra.planning.step_model (analytic; see its documentation)",
+                                "calibration": step_model.CALIBRATION, "held_out": step_model.HELD_OUT,
                                 **dataclasses.asdict(cfg.step_model)},
+            # layouts whose predicted step is within this ratio of the best are ties (the held-out ranking error)
+            "tie_width": step_model.tie_width(), "tied": len(tied),
             "communication_settings": [c.describe() for c in self.comms],
             # overrides for the best: the rest follow from parallel, micro_batch_size and recompute
-            "candidates": [{**r.as_dict(), **({"overrides": self.overrides(r)} if i < OVERRIDES_FOR else {})}
+            "candidates": [{**r.as_dict(), **({"tied": i < len(tied)} if r.rank else {}),
+                            **({"overrides": self.overrides(r)} if i < max(OVERRIDES_FOR, len(tied)) else {})}
                            for i, r in enumerate(ranked + rest)],
         }
 
@@ -643,6 +650,16 @@ def _unpack(c: Candidate, row: tuple, violations: list[list[str]], comms: list[C
     return Result(c, Layout(*layout), [] if v is None else violations[v], recompute, memory_gib, fits,
                   None if terms is None else dict(zip((*TERMS, "step"), terms)), pruned=pruned,
                   comm=None if comm is None else comms[comm])
+
+
+def tied_set(ranked: list[Result]) -> list[Result]:
+    """The leading ranked layouts the step model cannot tell from the best: predicted within
+    :func:`moe_hydra.planning.step_model.tie_width` of its step time (the held-out error of the ratio of two
+    predictions). What screening measures, rather than a fixed top-K."""
+    if not ranked:
+        return []
+    bound = ranked[0].terms["step"] * step_model.tie_width()
+    return list(itertools.takewhile(lambda r: r.terms["step"] <= bound, ranked))
 
 
 def _priority(r: Result, domain: int, seq: int) -> tuple:

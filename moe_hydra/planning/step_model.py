@@ -1,29 +1,33 @@
-"""The analytic step time of a layout: what the layout search ranks by (a ranking aid, every term printed).
+"""The analytic step time of a layout: what the layout search ranks by and ``stage=plan`` predicts (every term printed).
 
 Per rank and step, M = micro-batches per step, rows = s b / CP (/ TP with sequence parallelism), rates
-the hardware's peaks times the sustained fractions of ``step_model.*`` (calibrated, see below):
+the hardware's peaks times the sustained fractions of ``step_model.*`` (fitted, see below):
 
-    compute   the GEMMs' FLOPs x tokens/step x recompute / world: dense GEMMs (attention projections,
-              dense and shared MLPs, logits) at gemm_efficiency x peak; core attention at
-              attention_efficiency x peak; routed experts at gemm_efficiency x r / (r + expert_rows_half)
-              x peak, r = rows each expert GEMM gets per micro-batch (EP x ETP x rows x top-k / experts):
-              small grouped GEMMs run below the dense rate. Or, whichever is slower, the weights
-              streamed from HBM for every micro-batch (12 B per parameter: read forward, read for the
-              data gradient, fp32 main-grad read + write). Recompute: full +1/3 (a second forward),
-              selective + the recomputed attention's forward.
+    compute   the GEMMs' FLOPs x tokens/step / world, each part at its rate and times what recompute re-runs
+              of it (:meth:`StepModel.recompute_factors`, per ``recompute_modules`` entry as Megatron-Core
+              checkpoints it): dense GEMMs (attention projections, dense and shared MLPs, logits) at
+              gemm_efficiency x the bf16 peak, or low_precision_gemm_efficiency x the FP8 / FP4 peak; core
+              attention at attention_efficiency x the bf16 peak (unfused_attention_efficiency without Transformer
+              Engine), a sliding window's layers charged for the keys it admits (flops.swa_discounted); routed
+              experts at the GEMM rate x r / (r + expert_rows_half), r = rows each expert GEMM gets per
+              micro-batch (EP x ETP x rows x top-k / experts): small grouped GEMMs run below the dense rate. Or,
+              whichever is slower, the weights streamed from HBM for every micro-batch (12 B per parameter).
     ep        4 x (MoE layers/rank) x M x rows x h x 2 B per token copy (dispatch + combine, forward +
-              backward): top-k x (EP-1)/EP copies, those to peers inside the NVLink domain over NVLink,
-              those to other nodes over the scale-out NIC; with a flex dispatcher (DeepEP, HybridEP) one
-              copy per other node reached (uniform routing, or the routing groups' node limit) instead
-              of one per expert. With EP overlap (overlap_moe_expert_parallel_comm), up to
-              ep_overlap_efficiency of the compute hides it.
+              backward; x 1.5 when recompute re-runs the MoE layer): top-k x (EP-1)/EP copies, those to peers
+              inside the NVLink domain over NVLink, those to other nodes over the scale-out NIC; with a flex
+              dispatcher (DeepEP, HybridEP) one copy per other node reached (uniform routing, or the routing
+              groups' node limit) instead of one per expert. With EP overlap (overlap_moe_expert_parallel_comm),
+              up to ep_overlap_efficiency of the compute hides it.
     etp       4 x (MoE layers/rank) x M x rows x top-k x h x 2 B x (ETP-1): tokens gathered to and
               scattered from the expert-TP group
-    tp        8 x (layers/rank) x M x (s b / CP) x h x 2 B x (TP-1)/TP (all-gather / reduce-scatter pairs)
+    tp        8 x (layers/rank) x M x (s b / CP) x h x 2 B x (TP-1)/TP (all-gather / reduce-scatter pairs;
+              x 1.5 with full recompute)
     cp        3 x (layers/rank) x M x (CP-1) x (s b / CP) x 2 kv x 2 B / TP (the KV ring)
     host      what the GPU waits for the host: host_ms per MoE (dense) layer per micro-batch, forward +
-              backward (x 4/3 with full recompute) — kernel launches and the dispatchers' device-to-host
-              syncs. The busy time is max(compute + ep + etp + tp + cp, host); ``host`` is the excess.
+              backward (x 4/3 when recompute re-runs the layer) — kernel launches and the dispatchers'
+              device-to-host syncs; x cuda_graph_host_fraction with CUDA graphs of a partial scope, none with a
+              whole-iteration graph; sequential experts (no grouped GEMM) add host_ms_per_local_expert per local
+              expert. The busy time is max(compute + ep + etp + tp + cp, host); ``host`` is the excess.
     dp        dense params x 6 B x (DP CP - 1)/(DP CP) + expert params x 6 B x (EDP-1)/EDP (fp32
               gradient reduce-scatter + bf16 parameter all-gather), over the scale-out network when the
               world leaves the domain; with overlap_grad_reduce only what the backward pass (2/3 of
@@ -36,12 +40,12 @@ Communication runs at nvlink_efficiency x half the declared bidirectional NVLink
 scaleout_efficiency x the NIC's. Hardware without declared rates gets nominal ones (1 TFLOP/s, 10 GB/s,
 0.01 TB/s), so a ranking still exists.
 
-**Calibration.** The sustained fractions are fitted to published step times of Qwen3-235B-A22B on 256
-H100s measured with four layouts, dispatchers and overlap settings (``benchmarks/step_model_calibration.py``
-prints the fit, refits with ``--fit``, and lists the source). Four measurements cannot pin down every
-fraction, and they come from H100 only: treat the model as a ranking aid for choosing what to screen,
-and calibrate on your cluster (``step_model.*``) once screening gives you measurements. The model leaves
-out routing imbalance, network contention and kernel-level details.
+**Calibration and its error.** The fractions are fitted to the measured runs of
+benchmarks/data/measured_runs.yaml (:data:`CALIBRATION`); :data:`HELD_OUT` is how well they predict rows they
+were not fitted to (leave one source out), and every prediction carries that range (:func:`interval`); layouts
+whose predicted times differ by less than the held-out ranking error are ties (:func:`tie_width`). The model
+leaves out routing imbalance, network contention, kernel-level details and release-to-release software gains:
+treat it as a ranking aid for choosing what to screen, and refit ``step_model.*`` on your cluster's runs.
 
 Pure: standard library only.
 """
@@ -49,7 +53,6 @@ Pure: standard library only.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 from moe_hydra.core import flops, metrics
@@ -60,15 +63,34 @@ NOMINAL_TFLOPS, NOMINAL_GB_S = 1.0, 10.0
 TERMS = ("compute", "ep", "etp", "tp", "cp", "host", "dp", "bubble", "p2p")
 
 
-CALIBRATION = ("sustained fractions fitted to the 4 published Qwen3-235B-A22B runs on 256 H100 of "
-               "Megatron-MoE-ModelZoo (best_practice/Qwen3/readme.md at c1ad0b5c); priors for the rest "
-               "(moe_hydra.core.schema.StepModelConfig)")
+CALIBRATION = ("sustained fractions fitted (benchmarks/step_model_calibration.py --fit) to 82 measured runs of "
+               "benchmarks/data/measured_runs.yaml: Megatron-Bridge performance summaries 25.11-26.08, "
+               "Megatron-MoE-ModelZoo Qwen3 (H100, B200, B300, GB200, GB300; BF16, FP8, MXFP8) and one H200")
+# How the model predicts runs it was not fitted to: |ln(predicted / measured)| of each dataset row predicted by the
+# fractions fitted on the other sources (leave one source out), and of the ratio of two rows of one model, cluster
+# and source (what choosing between layouts needs). benchmarks/step_model_calibration.py prints them;
+# tests/test_calibration.py recomputes them.
+HELD_OUT = {"scheme": "leave one source out", "sources": 7, "rows": 82,
+            "median": 0.175, "p90": 0.393, "worst": 0.918, "ranking_median": 0.144, "ranking_p90": 0.334}
+
+
+def interval(seconds: float) -> list[float]:
+    """The range 90 % of held-out rows fall in around a predicted step time: x / exp(p90) to x exp(p90)."""
+    spread = math.exp(HELD_OUT["p90"])
+    return [seconds / spread, seconds * spread]
+
+
+def tie_width() -> float:
+    """The ratio of predicted step times below which two layouts are indistinguishable: exp of the 90th percentile
+    of the held-out ranking error."""
+    return math.exp(HELD_OUT["ranking_p90"])
 
 
 def prediction(r: Resolved, dense_params: int, expert_params: int, flops_per_token: float) -> dict | None:
-    """``plan.json``'s ``step_time``: the model's step time for a resolved plan on GPU hardware, its terms, what it
-    was calibrated on, and the tokens/s/GPU, TFLOP/s/GPU and MFU it implies (None on the CPU preset: the model
-    knows no CPU rates). ``dense_params``, ``expert_params``: the most loaded rank's."""
+    """``plan.json``'s ``step_time``: the model's step time for a resolved plan on GPU hardware, the range 90 % of
+    held-out rows fall in (:data:`HELD_OUT`), its terms, what it was calibrated on, and the tokens/s/GPU, TFLOP/s/GPU
+    and MFU it implies (None on the CPU preset: the model knows no CPU rates). ``dense_params``, ``expert_params``:
+    the most loaded rank's."""
     cfg = r.cfg
     if cfg.hardware.arch == "cpu":
         return None
@@ -78,37 +100,9 @@ def prediction(r: Resolved, dense_params: int, expert_params: int, flops_per_tok
     seconds, world, tokens = terms.pop("step"), r.layout.world_size, r.batch.tokens_per_step
     peak, _ = metrics.peak_tflops(cfg.hardware, cfg.precision)
     tflops = flops_per_token * tokens / (seconds * world * 1e12)
-    return {"seconds": seconds, "terms": terms, "calibration": CALIBRATION,
-            "tokens_per_s_per_gpu": tokens / (seconds * world), "tflops_per_gpu": tflops,
+    return {"seconds": seconds, "interval_s": interval(seconds), "terms": terms, "calibration": CALIBRATION,
+            "held_out": HELD_OUT, "tokens_per_s_per_gpu": tokens / (seconds * world), "tflops_per_gpu": tflops,
             "mfu": tflops / peak if peak else None}
-
-
-@dataclass(frozen=True)
-class Published:
-    """A published measured step time and the overrides that express its run."""
-
-    name: str
-    overrides: tuple[str, ...]
-    layout: tuple[int, int, int, int | None, int, int, int]  # TP, CP, PP, VPP, EP, ETP, MBS
-    step_s: float
-
-
-# What the sustained fractions are fitted to: Megatron-MoE-ModelZoo, best_practice/Qwen3/readme.md
-# ("Performance Results": 256 H100, NVLink 4, InfiniBand 8 x 50 GB/s, seq 4096, GBS 2048, BF16, forced
-# load balancing), github.com/yanring/Megatron-MoE-ModelZoo at c1ad0b5c89f425d60febddc38e7f741a16f08bd1:
-# the four rows moe_hydra can express (the intra-node row on Megatron FSDP is left out: no FSDP here).
-_QWEN3_235B_H100 = ("model=qwen3_235b_a22b", "hardware=h100_sxm", "hardware.nodes=32", "train.global_batch_size=2048")
-_NORM_ACT = ("recompute=selective", "recompute.recompute_modules=[layernorm,moe_act]")
-PUBLISHED = (
-    Published("EP32 DeepEP (cross-node EP)", (*_QWEN3_235B_H100, "dispatcher=deepep", *_NORM_ACT),
-              (2, 1, 8, 4, 32, 1, 1), 19.7),
-    Published("EP32 DeepEP + EP overlap", (*_QWEN3_235B_H100, "dispatcher=deepep", *_NORM_ACT,
-                                           "overlap.overlap_moe_expert_parallel_comm=true"), (2, 1, 8, 4, 32, 1, 1), 17.6),
-    Published("EP8 PP32 alltoall (intra-node EP)", (*_QWEN3_235B_H100, "dispatcher=alltoall", *_NORM_ACT),
-              (2, 1, 32, 3, 8, 1, 1), 24.2),
-    Published("TP4 EP8 DeepEP (intra-node EP)", (*_QWEN3_235B_H100, "dispatcher=deepep", "recompute=none"),
-              (4, 1, 8, 4, 8, 1, 1), 29.0),
-)
 
 
 class StepModel:
@@ -144,9 +138,10 @@ class StepModel:
         self.expert_flops = fl.routed_experts
         self.layers = arch.num_layers + arch.mtp
         self.moe_layers = arch.n_moe + (arch.mtp if arch.mtp_is_moe else 0)
-        # host time per micro-batch and MoE / dense layer (seconds): CUDA graphs replay what they capture;
-        # sequential experts launch each local expert's kernels one by one
-        graphed = k.cuda_graph_host_fraction if r.impl.cuda_graph_scope else 1.0
+        # host time per micro-batch and MoE / dense layer (seconds): CUDA graphs replay what they capture (a
+        # whole-iteration graph all of it); sequential experts launch each local expert's kernels one by one
+        scope = r.impl.cuda_graph_scope
+        graphed = 0.0 if scope == ("full_iteration",) else k.cuda_graph_host_fraction if scope else 1.0
         self.host_moe = k.host_ms_per_moe_layer * 1e-3 * graphed
         self.host_dense = k.host_ms_per_dense_layer * 1e-3 * graphed
         self.sequential_experts = r.impl.experts == "sequential"

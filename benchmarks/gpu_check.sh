@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Every GPU check of moe_hydra in one go, on a machine with one NVIDIA GPU and no network; results packed into one
+# archive. What such a machine needs (docs/cpu.md, "GPU check"): torch with CUDA; the rest of the [train] extra as
+# wheels in $WHEELHOUSE (megatron-core, hydra-core, omegaconf, antlr4-python3-runtime, submitit,
+# hydra-submitit-launcher), installed with --no-index into a private site directory when they are missing.
+#
+#   bash benchmarks/gpu_check.sh                 # on the GPU machine: writes $OUT/gpu_check.tgz
+#   bash benchmarks/gpu_check.sh --dry-run       # here, on the CPU: the same steps, each on the CPU where it can run
+#
+# Steps, each under its own timeout (a step that fails or times out is recorded, the next runs):
+#   env        nvidia-smi, torch / CUDA / package versions
+#   memory     tests/test_memory.py's GPU test: tiny_moe's max_memory_allocated against the estimate
+#   runs       stage=run of tiny_moe and of Qwen3-30B-A3B cut to 4 layers (seq 1024, GBS 8) at MBS 1 and 4, local
+#              spec (no Transformer Engine): results.json with step time, TFLOP/s, the allocator's peak and the
+#              memory phases (after the first step, forward/backward, optimizer step)
+#   rows       benchmarks/gpu_rows.py: those runs as rows of benchmarks/data/measured_runs.yaml (source moe-hydra-gpu)
+# Then: $OUT/gpu_check.tgz holds logs/, runs/, junit.xml, measured_rows.yaml, summary.txt.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+DRY=0; [[ ${1:-} == --dry-run ]] && DRY=1
+OUT=${OUT:-$PWD/outputs/gpu_check}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT/logs" "$OUT/runs"
+: >"$OUT/summary.txt"
+
+step() {  # step NAME TIMEOUT_S COMMAND...: run, log, record the outcome
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  timeout --kill-after=10 "$limit" "$@" >"$OUT/logs/$name.log" 2>&1
+  local rc=$?
+  printf '%-28s rc=%-3s %4ds  %s\n' "$name" "$rc" "$((SECONDS - t0))" "$*" | tee -a "$OUT/summary.txt"
+  return 0
+}
+
+# ---------------------------------------------------------------- environment and packages
+step env 60 bash -c "nvidia-smi || echo 'no nvidia-smi'; $PY -c 'import sys, torch; print(sys.version); print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"available\", torch.cuda.is_available()); print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else \"no GPU\")'"
+if ! "$PY" -c "import megatron.core, hydra, omegaconf, submitit" 2>/dev/null; then
+  if [[ -n ${WHEELHOUSE:-} ]]; then
+    step wheels 300 "$PY" -m pip install --no-index --no-deps --target /tmp/moe_hydra_site "$WHEELHOUSE"/*.whl
+    export PYTHONPATH=/tmp/moe_hydra_site:$PWD:$PWD/launchers${PYTHONPATH:+:$PYTHONPATH}
+  else
+    echo "megatron-core / hydra missing and no WHEELHOUSE: the runs will fail (see docs/cpu.md)" | tee -a "$OUT/summary.txt"
+  fi
+fi
+export PYTHONPATH=${PYTHONPATH:-$PWD:$PWD/launchers}
+"$PY" -c "import moe_hydra.core.versions as v; print(v.mcore_facts())" >>"$OUT/logs/env.log" 2>&1
+
+# ---------------------------------------------------------------- the GPU memory test
+step memory_test 900 "$PY" -m pytest -q -p no:cacheprovider tests/test_memory.py -k on_a_gpu -rs --junitxml "$OUT/junit.xml"
+
+# ---------------------------------------------------------------- real runs with the memory phases
+LOCAL=(hardware.transformer_engine=false kernels.moe_grouped_gemm=false logger=none)
+if (( DRY )); then
+  GPU=(hardware=local_cpu); SLICE_STAGE=stage=plan  # the slices are too large for a CPU: plan them only
+else
+  GPU=(hardware=h200_sxm hardware.devices_per_node=1); SLICE_STAGE=stage=run
+fi
+SLICE=(model=qwen3_30b_a3b model.num_layers=4 model.seq_length=1024 train.global_batch_size=8)
+step run_tiny_moe 600 "$PY" -m moe_hydra stage=run "${GPU[@]}" "${LOCAL[@]}" "hydra.run.dir=$OUT/runs/tiny_moe"
+for mbs in 1 4; do
+  step "run_qwen3_30b_slice_mbs$mbs" 600 "$PY" -m moe_hydra "$SLICE_STAGE" "${GPU[@]}" "${LOCAL[@]}" "${SLICE[@]}" \
+    "train.micro_batch_size=$mbs" "hydra.run.dir=$OUT/runs/qwen3_30b_slice_mbs$mbs"
+done
+
+# ---------------------------------------------------------------- the runs as dataset rows, and the archive
+step rows 120 "$PY" benchmarks/gpu_rows.py "$OUT/runs" "$OUT/measured_rows.yaml"
+tar czf "$OUT/gpu_check.tgz" -C "$OUT" logs runs summary.txt $(cd "$OUT" && ls junit.xml measured_rows.yaml 2>/dev/null)
+echo "packed $OUT/gpu_check.tgz"
+cat "$OUT/summary.txt"

@@ -66,4 +66,3 @@ done
 step rows 120 "$PY" benchmarks/gpu_rows.py "$OUT/runs" "$OUT/measured_rows.yaml"
 tar czf "$OUT/gpu_check.tgz" -C "$OUT" logs runs summary.txt $(cd "$OUT" && ls junit.xml measured_rows.yaml 2>/dev/null)
 echo "packed $OUT/gpu_check.tgz"
-cat "$OUT/summary.txt"

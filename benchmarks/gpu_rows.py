@@ -40,7 +40,7 @@ def row(run: Path) -> dict | None:
                              "virtual_pipeline_model_parallel_size", "context_parallel_size",
                              "expert_model_parallel_size", "expert_tensor_parallel_size")},
         "implementation": plan["implementation"],
-        "extra_overrides": [o for o in overrides if not o.startswith("hydra.")],
+        "extra_overrides": [o for o in overrides if not o.startswith(("hydra.", "stage="))],
         "published": {
             "step_time_s": results["step_time_ms"] / 1e3 if results.get("step_time_ms") else None,
             "tokens_per_s_per_gpu": results.get("tokens_per_s_per_gpu"),

@@ -16,6 +16,7 @@ the memory rows (estimate without the declared allowance vs the allocator's peak
 
     python benchmarks/step_model_calibration.py                    # the report (held-out errors)
     python benchmarks/step_model_calibration.py --fit              # also the fit on every row: StepModelConfig's defaults
+    python benchmarks/step_model_calibration.py --search           # also the search's rank of each published layout
     python benchmarks/step_model_calibration.py --write-overrides  # each row's overrides from its table columns
 
 ``--write-overrides`` rewrites the ``overrides`` of every row from its columns (model, GPUs, precision, sizes,
@@ -259,10 +260,58 @@ def ranking_error(timed: list[Row], errors: dict[str, float]) -> dict[str, float
     """|ln| error of the ratio of two rows' step times, over every pair of rows of one model, cluster and source
     (what choosing between layouts needs): median and 90th percentile."""
     groups: dict[tuple, list[Row]] = {}
-    for r in timed:
+    for r in timed:  # time per token: rows of other batches and sequences compare by the same ratio of errors
         groups.setdefault((r.row["source"], r.row["model"], r.row["gpu"], r.row["num_gpus"]), []).append(r)
     pairs = [errors[a.name] - errors[b.name] for g in groups.values() for i, a in enumerate(g) for b in g[i + 1:]]
     return summary(pairs) if pairs else {"rows": 0}
+
+
+def group_choices(timed: list[Row], errors: dict[str, float]) -> list[dict[str, Any]]:
+    """Where one source measured several layouts of one workload (model, cluster, batch, sequence): is the measured
+    best among the three predicted fastest (held out), and how much slower is the predicted best than the measured
+    best?"""
+    groups: dict[tuple, list[Row]] = {}
+    for r in timed:  # one workload: the same batch and sequence
+        groups.setdefault((r.row["source"], r.row["model"], r.row["gpu"], r.row["num_gpus"], r.row["seq_length"],
+                           r.row["global_batch_size"]), []).append(r)
+    out = []
+    for key, g in groups.items():
+        if len(g) < 2:
+            continue
+        predicted = sorted(g, key=lambda r: r.measured * math.exp(errors[r.name]))
+        best = min(g, key=lambda r: r.measured)
+        out.append({"group": " ".join(map(str, key)), "rows": len(g), "best_in_top3": best in predicted[:3],
+                    "predicted_best_slower": predicted[0].measured / best.measured - 1})
+    return out
+
+
+def search_ranks(timed: list[Row]) -> dict[str, tuple[int | None, bool]]:
+    """Row name -> (the rank the layout search gives its published layout (TP, CP, PP, VPP, EP, ETP at its micro
+    batch), whether it is in the set tied with the best), searching its model, cluster, batch and precision with the
+    recompute ladder from none and the dispatchers and EP overlap the layout sweeper tries; rank None when the
+    search does not rank it."""
+    out: dict[str, tuple[int | None, bool]] = {}
+    cache: dict[tuple, tuple[dict[tuple, int], int]] = {}
+    for row in timed:
+        cfg = overrides.apply(row.cfg, ["recompute=none"])
+        key = tuple(row.row["overrides"][:6]) + (cfg.train.micro_batch_size, cfg.dispatcher.name,
+                                                  cfg.overlap.overlap_moe_expert_parallel_comm)
+        if key not in cache:
+            flex = cfg.hardware.flex_dispatcher
+            overlap = cfg.overlap.overlap_moe_expert_parallel_comm  # the sweeper's: the configured one first
+            s = search.Search(cfg, dispatchers=list(dict.fromkeys([cfg.dispatcher.name, *([flex] if flex else [])])),
+                              ep_overlap=[overlap, not overlap])
+            ranks: dict[tuple, int] = {}
+            ranked = sorted((res for res in s.run() if res.rank), key=lambda res: res.rank)
+            for res in ranked:
+                lo = res.layout
+                ranks.setdefault((lo.tp, lo.cp, lo.pp, lo.vpp, lo.ep, lo.etp), res.rank)
+            cache[key] = (ranks, len(search.tied_set(ranked)))
+        lo = row.r.layout
+        ranks, tied = cache[key]
+        rank = ranks.get((lo.tp, lo.cp, lo.pp, lo.vpp, lo.ep, lo.etp))
+        out[row.name] = (rank, rank is not None and rank <= tied)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -300,6 +349,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fit", action="store_true", help="also fit on every row and print the fractions")
     ap.add_argument("--write-overrides", action="store_true", help="rewrite each row's overrides from its columns")
+    ap.add_argument("--search", action="store_true", help="also rank each published layout by the layout search")
     args = ap.parse_args()
     if args.write_overrides:
         write_overrides()
@@ -318,6 +368,19 @@ def main() -> None:
           f"worst {by_model['worst']:.3f}")
     rank = ranking_error(timed, held)
     print(f"ranking (pairs of one model, cluster and source, held out): {rank}")
+    choices = group_choices(timed, held)
+    print(f"layout choices ({len(choices)} groups of one source, model and cluster, held out): measured best in the "
+          f"predicted top 3 in {sum(c['best_in_top3'] for c in choices)}; predicted best within 5 % of the measured "
+          f"best in {sum(c['predicted_best_slower'] <= 0.05 for c in choices)}")
+    for c in choices:
+        print(f"  {c['group']:40s} {c['rows']} rows  best in top 3: {c['best_in_top3']}  "
+              f"predicted best slower by {c['predicted_best_slower']:+.1%}")
+    if args.search:
+        ranks = search_ranks([r for r in timed if r.cfg.hardware.arch != "cpu"])
+        top10 = sum(1 for v, _ in ranks.values() if v is not None and v <= 10)
+        tied = sum(t for _, t in ranks.values())
+        print(f"\npublished layouts in the search's top 10: {top10} of {len(ranks)} rows; in the tied set screening "
+              f"measures: {tied}; ranks: " + ", ".join(f"{v}{'=' if t else ''}" for v, t in ranks.values()))
     prior = summary([r.error(k) for r in timed])
     print(f"defaults on every row (in-sample for what they were fitted to): median |ln| {prior['median']:.3f}, "
           f"p90 {prior['p90']:.3f}, worst {prior['worst']:.3f}")

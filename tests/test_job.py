@@ -43,6 +43,7 @@ def test_default_job_writes_complete_results(cli, tmp_path):
     assert res["tflops_per_gpu"] == pytest.approx(res["flops_per_token"] * res["tokens_per_s_per_gpu"] / 1e12)
     assert res["mfu"] is None and res["peak_tflops"] is None  # no peak for a CPU
     assert res["peak_memory_gib"]["rss"] > 0.1 and "ru_maxrss" in res["memory_counter"]
+    assert res["memory_phases_gib"] is None  # the allocator's phases exist on GPUs only
     loss = res["loss"]
     assert loss["all_finite"] and loss["nan_or_skipped"] == 0 and len(loss["per_step"]) == 10
     assert loss["last"] < loss["first"] - 0.1, loss["per_step"]

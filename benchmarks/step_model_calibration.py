@@ -163,7 +163,8 @@ def measured_step(row: dict[str, Any], source: dict[str, Any], flops_per_token: 
     if p.get("tokens_per_s_per_gpu"):
         return tokens / (p["tokens_per_s_per_gpu"] * row["num_gpus"]), "tokens_per_s_per_gpu"
     if p.get("tflops_per_gpu") and "MCore num_floating_point_operations" in source.get("counter", ""):
-        return flops_per_token * tokens / (p["tflops_per_gpu"] * 1e12 * row["num_gpus"]), "tflops_per_gpu (Megatron-Core's counter)"
+        seconds = flops_per_token * tokens / (p["tflops_per_gpu"] * 1e12 * row["num_gpus"])
+        return seconds, "tflops_per_gpu (Megatron-Core's counter)"
     return None, "no time published"
 
 
@@ -340,8 +341,8 @@ def memory_rows(all_rows: list[Row]) -> list[tuple[str, float, float]]:
         if measured and not r.refused:
             est = r.peak_gib - r.allowance_gib
             out.append((r.name, est, measured))
-            print(f"memory {r.name:56s} estimate {est:8.3f} GiB  measured {measured:8.3f} GiB  {est / measured - 1:+6.1%}  "
-                  f"({r.row['published'].get('memory_counter')})")
+            print(f"memory {r.name:56s} estimate {est:8.3f} GiB  measured {measured:8.3f} GiB  "
+                  f"{est / measured - 1:+6.1%}  ({r.row['published'].get('memory_counter')})")
     return out
 
 

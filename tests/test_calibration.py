@@ -48,9 +48,10 @@ def test_each_rows_overrides_resolve_to_its_published_columns(rows):
         r, c = row.r, row.row
         assert r.layout.world_size == c["num_gpus"], row.name
         vpp = c["virtual_pipeline_model_parallel_size"]
-        assert (r.layout.tp, r.layout.cp, r.layout.pp, r.layout.vpp, r.layout.ep, r.layout.etp) == (
-            c["tensor_model_parallel_size"], c["context_parallel_size"], c["pipeline_model_parallel_size"],
-            vpp if vpp and vpp > 1 else None, c["expert_model_parallel_size"], c["expert_tensor_parallel_size"] or 1), row.name
+        published = (c["tensor_model_parallel_size"], c["context_parallel_size"], c["pipeline_model_parallel_size"],
+                     vpp if vpp and vpp > 1 else None, c["expert_model_parallel_size"],
+                     c["expert_tensor_parallel_size"] or 1)
+        assert (r.layout.tp, r.layout.cp, r.layout.pp, r.layout.vpp, r.layout.ep, r.layout.etp) == published, row.name
         assert (r.batch.micro_batch_size, r.batch.global_batch_size, r.batch.seq_length) == (
             c["micro_batch_size"] or 1, c["global_batch_size"], c["seq_length"]), row.name
         assert row.cfg.hardware.name == calibration.HARDWARE[c["gpu"]][0] and row.cfg.precision.name == c["precision"]

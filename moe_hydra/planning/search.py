@@ -8,8 +8,9 @@ recipes use (:func:`pipeline_splits`, each a candidate): an even split; else the
 one layer each (``account_for_*_in_pipeline_split``); else ``pipeline_model_parallel_layout`` strings — with
 MTP, E, m and L each taking a layer's slot (``Et|(tt|)*30mL``, DeepSeek-V3 on PP8 x VPP4), and the uneven kinds
 (``Etttt|(tttt|)*14tmL`` on PP4 x VPP4, ``Et|(tt|)*30L`` for Kimi-K2 on PP16 x VPP2). Every candidate is
-a config (the base config with the candidate's fields), resolved by the same constructor as ``stage=plan`` (:func:`moe_hydra.core.resolved.resolve`),
-then checked by the same rules and estimates as :func:`moe_hydra.planning.plan.assess`, each cached by exactly
+a config (the base config with the candidate's fields), resolved by the same constructor as ``stage=plan``
+(:func:`moe_hydra.core.resolved.resolve`), then checked by the same rules and estimates as
+:func:`moe_hydra.planning.plan.assess`, each cached by exactly
 the resolved fields it reads (:func:`moe_hydra.planning.rules.base.cache_key`). The global batch stays fixed
 across candidates (the contract).
 
@@ -166,8 +167,8 @@ def level_overrides(a: Arch, level: str) -> list[str]:
 def recompute_levels(a: Arch) -> list[str]:
     """The rungs of the recompute ladder for this model, before ordering: none, the ``selective`` preset, the
     published selective lists whose modules the model has, full."""
-    has = {"core_attn", "layernorm"} | ({"moe_act", "moe"} if a.experts else set()) | ({"mla_up_proj"} if a.mla else set()) \
-        | ({"mlp"} if a.n_dense else set()) | ({"shared_experts"} if a.shared_ffn else set())
+    has = {"core_attn", "layernorm", *(("moe_act", "moe") if a.experts else ()), *(("mla_up_proj",) if a.mla else ()),
+           *(("mlp",) if a.n_dense else ()), *(("shared_experts",) if a.shared_ffn else ())}
     published = [f"selective[{','.join(m)}]" for m in PUBLISHED_SELECTIVE if set(m) <= has]
     return ["none", "selective", *published, "full"]
 

@@ -47,7 +47,7 @@ from moe_hydra.planning.step_model import StepModel  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data" / "measured_runs.yaml"
 # gpu column -> (hardware preset, GPUs per node)
-HARDWARE = {"h100": ("h100_sxm", 8), "h200": ("h200_sxm", 8), "b200": ("b200", 8), "b300": ("b300", 8),
+HARDWARE = {"a100": ("a100_sxm", 8), "h100": ("h100_sxm", 8), "h200": ("h200_sxm", 8), "b200": ("b200", 8), "b300": ("b300", 8),
             "gb200": ("gb200_nvl72", 4), "gb300": ("gb300_nvl72", 4)}
 # fitted: name -> (lower, upper); the rest of StepModelConfig stays at its priors
 FREE = {
@@ -225,15 +225,20 @@ def rows(data: dict[str, Any] | None = None) -> list[Row]:
 
 
 def fit(train: list[Row], k):
-    """The free fractions fitted to ``train`` (least squares on log step time, within :data:`FREE`'s bounds)."""
+    """The free fractions fitted to ``train``: robust least squares on log step time, within :data:`FREE`'s bounds,
+    each source weighing the same however many rows it has (vTrain's 109 dense runs do not outvote a release table)."""
     from scipy.optimize import least_squares
 
     names = list(FREE)
     lo, hi = zip(*(FREE[n] for n in names))
+    per_source: dict[str, int] = {}
+    for r in train:
+        per_source[r.row["source"]] = per_source.get(r.row["source"], 0) + 1
+    weight = [math.sqrt(len(train) / (len(per_source) * per_source[r.row["source"]])) for r in train]
 
     def residuals(x):
         kk = replace(k, **dict(zip(names, x)))
-        return [r.error(kk) for r in train]
+        return [w * r.error(kk) for w, r in zip(weight, train)]
 
     x0 = [min(max(getattr(k, n), a), b) for n, a, b in zip(names, lo, hi)]
     out = least_squares(residuals, x0, bounds=(lo, hi), x_scale=[max(abs(v), 1e-2) for v in x0], diff_step=1e-3,
@@ -261,8 +266,9 @@ def ranking_error(timed: list[Row], errors: dict[str, float]) -> dict[str, float
     """|ln| error of the ratio of two rows' step times, over every pair of rows of one model, cluster and source
     (what choosing between layouts needs): median and 90th percentile."""
     groups: dict[tuple, list[Row]] = {}
-    for r in timed:  # time per token: rows of other batches and sequences compare by the same ratio of errors
-        groups.setdefault((r.row["source"], r.row["model"], r.row["gpu"], r.row["num_gpus"]), []).append(r)
+    for r in timed:  # rows of other batches and sequences compare by the same ratio of errors
+        groups.setdefault((r.row["source"], r.row["model"], *(r.row.get("extra_overrides") or ()), r.row["gpu"],
+                           r.row["num_gpus"]), []).append(r)
     pairs = [errors[a.name] - errors[b.name] for g in groups.values() for i, a in enumerate(g) for b in g[i + 1:]]
     return summary(pairs) if pairs else {"rows": 0}
 
@@ -272,9 +278,9 @@ def group_choices(timed: list[Row], errors: dict[str, float]) -> list[dict[str, 
     best among the three predicted fastest (held out), and how much slower is the predicted best than the measured
     best?"""
     groups: dict[tuple, list[Row]] = {}
-    for r in timed:  # one workload: the same batch and sequence
-        groups.setdefault((r.row["source"], r.row["model"], r.row["gpu"], r.row["num_gpus"], r.row["seq_length"],
-                           r.row["global_batch_size"]), []).append(r)
+    for r in timed:  # one workload: the same model shape, batch and sequence
+        groups.setdefault((r.row["source"], r.row["model"], *(r.row.get("extra_overrides") or ()), r.row["gpu"],
+                           r.row["num_gpus"], r.row["seq_length"], r.row["global_batch_size"]), []).append(r)
     out = []
     for key, g in groups.items():
         if len(g) < 2:
@@ -364,11 +370,18 @@ def main() -> None:
     s = summary(list(held.values()))
     print(f"\nheld out, leave one source out ({len({r.row['source'] for r in timed})} sources, {s['rows']} rows): "
           f"median |ln| {s['median']:.3f}, p90 {s['p90']:.3f}, worst {s['worst']:.3f}")
+    for kind, moe in (("MoE", True), ("dense", False)):
+        part = summary([held[r.name] for r in timed if bool(r.r.arch.experts) == moe])
+        print(f"  of which {kind}: {part['rows']} rows, median |ln| {part['median']:.3f}, p90 {part['p90']:.3f}, "
+              f"worst {part['worst']:.3f}")
     by_model = summary(list(cross_validate(timed, k, group=lambda r: r.row["model"]).values()))
     print(f"held out, leave one model out: median |ln| {by_model['median']:.3f}, p90 {by_model['p90']:.3f}, "
           f"worst {by_model['worst']:.3f}")
     rank = ranking_error(timed, held)
-    print(f"ranking (pairs of one model, cluster and source, held out): {rank}")
+    moe_rank = ranking_error([r for r in timed if r.r.arch.experts], held)
+    print(f"ranking (pairs of one model, cluster and source, held out): {rank['rows']} pairs, median |ln| "
+          f"{rank['median']:.3f}, p90 {rank['p90']:.3f}; MoE pairs: {moe_rank['rows']}, median {moe_rank['median']:.3f}, "
+          f"p90 {moe_rank['p90']:.3f}")
     choices = group_choices(timed, held)
     print(f"layout choices ({len(choices)} groups of one source, model and cluster, held out): measured best in the "
           f"predicted top 3 in {sum(c['best_in_top3'] for c in choices)}; predicted best within 5 % of the measured "

@@ -23,7 +23,7 @@ DSV3 = ("model=deepseek_v3", H100, "hardware.nodes=128", "mesh=dsv3_h100_1024")
 
 # (rule, overrides, regex the message must match). Invalid inputs show their arithmetic inline.
 CASES = [
-    ("S01", ["hardware.arch=tpu"], r"hardware\.arch must be one of cpu, hopper, blackwell"),
+    ("S01", ["hardware.arch=tpu"], r"hardware\.arch must be one of cpu, ampere, hopper, blackwell"),
     ("S01", ["dispatcher.moe_token_dispatcher_type=alltoall_seq"], r"moe_token_dispatcher_type must be one of"),
     ("S02", ["train.micro_batch_size=0"], r"train\.micro_batch_size must be >= 1"),
     ("L13", ['model.moe_layer_freq="[0]*1+[1]*3"'], r"lists 4 layers but num_layers is 2"),

@@ -63,15 +63,19 @@ NOMINAL_TFLOPS, NOMINAL_GB_S = 1.0, 10.0
 TERMS = ("compute", "ep", "etp", "tp", "cp", "host", "dp", "bubble", "p2p")
 
 
-CALIBRATION = ("sustained fractions fitted (benchmarks/step_model_calibration.py --fit) to 82 measured runs of "
-               "benchmarks/data/measured_runs.yaml: Megatron-Bridge performance summaries 25.11-26.08, "
-               "Megatron-MoE-ModelZoo Qwen3 (H100, B200, B300, GB200, GB300; BF16, FP8, MXFP8) and one H200")
+CALIBRATION = ("sustained fractions fitted (benchmarks/step_model_calibration.py --fit, each source weighing the same) "
+               "to 191 measured runs of benchmarks/data/measured_runs.yaml: Megatron-Bridge performance summaries "
+               "25.11-26.08, Megatron-MoE-ModelZoo Qwen3 (MoE; H100, B200, B300, GB200, GB300; BF16, FP8, MXFP8), "
+               "vTrain's dense GPT runs on A100, one H200")
 # How the model predicts runs it was not fitted to: |ln(predicted / measured)| of each dataset row predicted by the
-# fractions fitted on the other sources (leave one source out), and of the ratio of two rows of one model, cluster
-# and source (what choosing between layouts needs). benchmarks/step_model_calibration.py prints them;
-# tests/test_calibration.py recomputes them.
-HELD_OUT = {"scheme": "leave one source out", "sources": 7, "rows": 82,
-            "median": 0.175, "p90": 0.393, "worst": 0.918, "ranking_median": 0.144, "ranking_p90": 0.334}
+# fractions fitted on the other sources (leave one source out), over all rows, the MoE and the dense ones, and of the
+# ratio of two rows of one model, cluster and source (what choosing between layouts needs).
+# benchmarks/step_model_calibration.py prints them; tests/test_calibration.py recomputes them.
+HELD_OUT = {"scheme": "leave one source out", "sources": 8, "rows": 191,
+            "median": 0.124, "p90": 0.386, "worst": 0.909,
+            "moe": {"rows": 82, "median": 0.164, "p90": 0.376, "worst": 0.909},
+            "dense": {"rows": 109, "median": 0.106, "p90": 0.405, "worst": 0.807},
+            "ranking_median": 0.111, "ranking_p90": 0.480}
 
 
 def interval(seconds: float) -> list[float]:

@@ -15,7 +15,7 @@ from moe_hydra.planning.rules.base import DISPATCHER_READS, Ctx, V, _divisors, _
 # --------------------------------------------------------------------------- schema values (S)
 
 _CHOICES = {
-    "hardware.arch": ("cpu", "hopper", "blackwell"),
+    "hardware.arch": ("cpu", "ampere", "hopper", "blackwell"),
     "model.normalization": ("RMSNorm", "LayerNorm"),
     "model.position_embedding_type": ("rope", "learned_absolute", "none"),
     "model.moe_router_score_function": ("softmax", "sigmoid", "sqrtsoftplus"),

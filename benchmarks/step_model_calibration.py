@@ -61,7 +61,7 @@ FREE = {
     "ep_overlap_efficiency": (0.0, 1.0),
     "cuda_graph_host_fraction": (0.0, 1.0),
 }
-# recipe settings under a row's ``other`` -> the override that expresses them (None: not modelled, left out)
+# the recipe settings under a row's ``other`` that moe_hydra expresses -> their override (the rest are recorded only)
 OTHER = {
     "use_precision_aware_optimizer": "optimizer.use_precision_aware_optimizer",
     "main_grads_dtype": "optimizer.main_grads_dtype",

@@ -388,24 +388,24 @@ class StepModelConfig:
     sources left out of the fit; refit them to your cluster's screening runs."""
 
     # Fitted: dense GEMMs (attention projections, dense/shared MLPs, logits) in bf16, fraction of the peak;
-    gemm_efficiency: float = 0.43
-    # core (flash) attention, forward + backward, fraction of the bf16 peak (at the fit's upper bound, 0.75);
-    attention_efficiency: float = 0.75
+    gemm_efficiency: float = 0.426
+    # core (flash) attention, forward + backward, fraction of the bf16 peak;
+    attention_efficiency: float = 0.67
     # collectives and the all-to-all over the scale-out NIC, fraction of its bandwidth;
-    scaleout_efficiency: float = 0.949
+    scaleout_efficiency: float = 0.675
     # rows per expert GEMM at which grouped expert GEMMs run at half the dense GEMM rate;
-    expert_rows_half: float = 845.0
+    expert_rows_half: float = 626.0
     # collectives and the all-to-all inside the NVLink domain, fraction of half the bidirectional bandwidth;
-    nvlink_efficiency: float = 0.361
+    nvlink_efficiency: float = 0.348
     # host time per MoE layer per micro-batch, forward + backward (launches, the dispatcher's syncs);
     host_ms_per_moe_layer: float = 11.5
     # the fraction of the all-to-all that EP overlap hides under another micro-batch's compute;
-    ep_overlap_efficiency: float = 0.482
+    ep_overlap_efficiency: float = 0.568
     # GEMMs in FP8 / MXFP8 / NVFP4: fraction of that precision's peak (quantisation kernels included);
-    low_precision_gemm_efficiency: float = 0.357
+    low_precision_gemm_efficiency: float = 0.341
     # host time CUDA graphs of a partial scope leave (kernels.cuda_graph_scope; a whole-iteration graph
     # leaves none), fraction of the above.
-    cuda_graph_host_fraction: float = 0.686
+    cuda_graph_host_fraction: float = 0.688
     # Priors (the dataset does not decide them): a dense layer launches about a quarter of a MoE layer's
     # kernels and has no dispatcher sync;
     host_ms_per_dense_layer: float = 2.5

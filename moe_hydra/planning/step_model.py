@@ -20,24 +20,26 @@ the hardware's peaks times the sustained fractions of ``step_model.*`` (fitted, 
               up to ep_overlap_efficiency of the compute hides it.
     etp       4 x (MoE layers/rank) x M x rows x top-k x h x 2 B x (ETP-1): tokens gathered to and
               scattered from the expert-TP group
-    tp        8 x (layers/rank) x M x (s b / CP) x h x 2 B x (TP-1)/TP (all-gather / reduce-scatter pairs;
-              x 1.5 with full recompute)
+    tp        8 x (layers/rank) x M x (s b / CP) x h x 2 B (all-gather / reduce-scatter pairs; x 1.5 with full
+              recompute) x a two-level ring's seconds per byte (:meth:`StepModel._collective`)
     cp        3 x (layers/rank) x M x (CP-1) x (s b / CP) x 2 kv x 2 B / TP (the KV ring)
     host      what the GPU waits for the host: host_ms per MoE (dense) layer per micro-batch, forward +
               backward (x 4/3 when recompute re-runs the layer) — kernel launches and the dispatchers'
               device-to-host syncs; x cuda_graph_host_fraction with CUDA graphs of a partial scope, none with a
               whole-iteration graph; sequential experts (no grouped GEMM) add host_ms_per_local_expert per local
               expert. The busy time is max(compute + ep + etp + tp + cp, host); ``host`` is the excess.
-    dp        dense params x 6 B x (DP CP - 1)/(DP CP) + expert params x 6 B x (EDP-1)/EDP (fp32
-              gradient reduce-scatter + bf16 parameter all-gather), over the scale-out network when the
-              world leaves the domain; with overlap_grad_reduce only what the backward pass (2/3 of
-              compute) cannot hide, and at least the last bucket (1 / (M x VPP) of it)
+    dp        dense params x 6 B over the DP x CP group + expert params x 6 B over the EDP group (fp32
+              gradient reduce-scatter + bf16 parameter all-gather), each at its two-level ring's seconds per
+              byte; with overlap_grad_reduce only what the backward pass (2/3 of compute) cannot hide, and at
+              least the last bucket (1 / (M x VPP) of it)
     bubble    (PP-1) / (VPP x M) x busy
     p2p       2 x VPP x M x rows x h x 2 B per stage boundary, scale-out when PP crosses nodes
     step      the sum
 
 Communication runs at nvlink_efficiency x half the declared bidirectional NVLink bandwidth, or at
-scaleout_efficiency x the NIC's. Hardware without declared rates gets nominal ones (1 TFLOP/s, 10 GB/s,
+scaleout_efficiency x the NIC's. A ring collective over a group that spans nodes runs in two levels: the group's
+ranks on a node over NVLink ((g-1)/g of the bytes), then the nodes over their NICs, each rank carrying 1/g of the
+bytes ((n-1)/n of that), g the group's ranks per node and n its nodes. Hardware without declared rates gets nominal ones (1 TFLOP/s, 10 GB/s,
 0.01 TB/s), so a ranking still exists.
 
 **Calibration and its error.** The fractions are fitted to the measured runs of
@@ -72,10 +74,10 @@ CALIBRATION = ("sustained fractions fitted (benchmarks/step_model_calibration.py
 # ratio of two rows of one model, cluster and source (what choosing between layouts needs).
 # benchmarks/step_model_calibration.py prints them; tests/test_calibration.py recomputes them.
 HELD_OUT = {"scheme": "leave one source out", "sources": 8, "rows": 191,
-            "median": 0.124, "p90": 0.386, "worst": 0.909,
-            "moe": {"rows": 82, "median": 0.164, "p90": 0.376, "worst": 0.909},
-            "dense": {"rows": 109, "median": 0.106, "p90": 0.405, "worst": 0.807},
-            "ranking_median": 0.111, "ranking_p90": 0.480}
+            "median": 0.140, "p90": 0.387, "worst": 0.836,
+            "moe": {"rows": 82, "median": 0.166, "p90": 0.362, "worst": 0.836},
+            "dense": {"rows": 109, "median": 0.125, "p90": 0.400, "worst": 0.801},
+            "ranking_median": 0.103, "ranking_p90": 0.388}
 
 
 def interval(seconds: float) -> list[float]:
@@ -269,18 +271,29 @@ class StepModel:
             etp = (4 * moe_layers * m * rows * a.topk * a.h * 2 * (lo.etp - 1) * a2a_f
                    / (nvl if lo.ep * lo.etp <= domain else out))
         tp_bw = nvl if lo.tp * lo.cp <= domain else out
-        tp = 8 * layers * m * seq_rows * a.h * 2 * (lo.tp - 1) / lo.tp / tp_bw * tp_f
+        tp = 8 * layers * m * seq_rows * a.h * 2 * self._collective(lo.tp, 1) * tp_f
         cp = 3 * layers * m * (lo.cp - 1) * seq_rows * 2 * a.kv_width * 2 / lo.tp / tp_bw
         host_moe = self.host_moe
         if self.sequential_experts and a.experts:  # one expert's kernels after another, each launched
             host_moe += k.host_ms_per_local_expert * 1e-3 * a.experts / lo.ep
         host = (host_moe * host_moe_f * moe_layers + self.host_dense * host_dense_f * (layers - moe_layers)) * m
-        dp_bw = nvl if world <= domain else out
         dense_dp, edp = world // (lo.tp * lo.pp), world // (lo.ep * lo.etp * lo.pp)  # DP x CP, EDP
-        dp = (dense_params * 6 * (dense_dp - 1) / dense_dp + expert_params * 6 * (edp - 1) / edp) / dp_bw
+        dp = (dense_params * 6 * self._collective(dense_dp, lo.tp)
+              + expert_params * 6 * self._collective(edp, lo.ep * lo.etp))
         p2p_bw = out if world // lo.pp >= domain and world > domain else nvl
         p2p = 2 * m * rows * a.h * 2 / p2p_bw if lo.pp > 1 else 0.0
         return m, compute, ep_nvlink, ep_remote, etp, tp, cp, host, dp, p2p
+
+
+    def _collective(self, group: int, stride: int) -> float:
+        """Seconds per byte a rank of a ``group``-rank ring collective moves, the group's ranks ``stride`` apart (the
+        parallel dimensions inside it): the ranks of a node reduce over NVLink, then the nodes over their NICs, each
+        rank carrying 1/(its node's ranks) of the data (a two-level all-reduce / reduce-scatter / all-gather)."""
+        if group <= 1:
+            return 0.0
+        per_node = max(1, min(group, self.domain // stride))
+        nodes = group // per_node
+        return (per_node - 1) / per_node / self.nvlink + (nodes - 1) / nodes / per_node / self.scaleout
 
 
 def recompute_key(recompute: Any) -> tuple:

@@ -234,3 +234,16 @@ def test_tiny_model_peak_memory_matches_the_estimate_on_a_gpu(cli, tmp_path):
     assert max(phases[p] for p in ("between_steps", "forward_backward", "optimizer_step")) <= res["peak_memory_gib"][
         "allocated"] and 0 < phases["after_first_step"] <= phases["optimizer_step"], phases
     assert abs(res["memory_vs_estimate"]["error"]) <= 0.10, (res["memory_vs_estimate"], phases)
+
+
+def test_fp8_weights_and_bf16_moments_and_muon_shrink_the_states_they_hold():
+    base = (*QWEN30_EP16, "precision=fp8_tensorwise")
+    _, plain = _assess(*base)
+    _, fp8_weights = _assess(*base, "precision.fp8_param_gather=true")
+    assert fp8_weights.stages[0].weights == pytest.approx(plain.stages[0].weights / 2)  # 1 byte a weight, not 2
+    assert fp8_weights.stages[0].optimizer == plain.stages[0].optimizer  # the fp32 master copy stays
+    _, aware = _assess(*base, "optimizer.use_precision_aware_optimizer=true", "optimizer.exp_avg_dtype=bf16",
+                       "optimizer.exp_avg_sq_dtype=bf16")
+    assert aware.stages[0].optimizer == pytest.approx(plain.stages[0].optimizer * (4 + 2 + 2) / 12)
+    _, muon = _assess(*base, "optimizer.optimizer=muon")
+    assert muon.stages[0].optimizer == pytest.approx(plain.stages[0].optimizer * (4 + 4) / 12)  # master + momentum

@@ -146,6 +146,7 @@ CASES = [
     ("J01", ["stage=run", "hardware.devices_per_node=2", "attention_mesh=cp2"],
      r"does not split sequences over context-parallel ranks \(CP 2\)"),
     ("J02", ["stage=run", "optimizer.optimizer=muon"], r"Muon is planned and searched, not run"),
+    ("P01", ["precision.fp8_param_gather=true"], r"fp8_param_gather keeps FP8 weights, so it needs an fp8 recipe"),
 ]
 
 

@@ -172,6 +172,9 @@ class PrecisionConfig:
     fp8_recipe: Optional[str] = None  # tensorwise | delayed | blockwise | mxfp8
     fp4: Optional[str] = None  # e2m1
     fp4_recipe: Optional[str] = None  # nvfp4
+    # Keep the weights in FP8 (Megatron-Core's fp8_param; the parameter all-gather moves FP8): 1 byte a weight, the
+    # distributed optimizer's fp32 master copy unchanged. Needs an fp8 recipe.
+    fp8_param_gather: bool = False
 
 
 @dataclass(kw_only=True, slots=True)

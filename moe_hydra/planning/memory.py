@@ -4,7 +4,8 @@ Follows Megatron-Bridge's accounting (docs/flops-memory.md), made right for MoE:
 
 **Static** (per rank of each pipeline stage, from :mod:`moe_hydra.core.params`)::
 
-    weights     params x bytes(params_dtype)                      (fp8 recipes keep bf16 weights)
+    weights     params x bytes(params_dtype)                      (fp8 recipes keep bf16 weights, 1 byte
+                                                                   with precision.fp8_param_gather)
     gradients   params x 4 with grad_reduce_in_fp32, else x bytes(params_dtype) (the DDP buffer, never sharded)
     optimizer   dense  x state / (DP x CP / instances)            (distributed optimizer)
               + expert x state / (EDP / instances)
@@ -134,6 +135,11 @@ def _state_bytes(cfg: Any) -> float:
     return master + moments
 
 
+def weight_bytes(precision: Any) -> int:
+    """Bytes per weight on the device: the params dtype's, or 1 with FP8 weights (fp8_param_gather)."""
+    return DTYPE_BYTES["fp8" if precision.fp8_param_gather and precision.fp8 else precision.params_dtype]
+
+
 def grad_bytes(cfg: Any) -> int:
     """Bytes per parameter of the DDP gradient buffer: fp32 with fp32 weights or grad_reduce_in_fp32, else
     the weights' dtype."""
@@ -257,7 +263,7 @@ class Estimator:
         change them."""
         cfg, lo = self.cfg, self.lo
         o, off = cfg.optimizer, cfg.offload
-        w_bytes = DTYPE_BYTES[cfg.precision.params_dtype]
+        w_bytes = weight_bytes(cfg.precision)
         g_bytes = grad_bytes(cfg)
         inst = o.num_distributed_optimizer_instances
         dense_shard = max(1, lo.dp * lo.cp // inst) if o.use_distributed_optimizer else 1

@@ -345,7 +345,7 @@ class Search:
         self.expert_total = params.routed_expert_params(self.arch)
         self.dense_total = total - self.expert_total
         # weights + gradients per parameter
-        self.state_bytes = memory.DTYPE_BYTES[cfg.precision.params_dtype] + memory.grad_bytes(cfg)
+        self.state_bytes = memory.weight_bytes(cfg.precision) + memory.grad_bytes(cfg)
         self.domain = cfg.hardware.nvlink_domain_size
         # the user's settings, which a row's overrides change when its setting differs
         self.base_dispatcher, self.base_overlap = cfg.dispatcher.name, cfg.overlap.overlap_moe_expert_parallel_comm

@@ -240,6 +240,10 @@ def p01_precision_hardware(c: Ctx):
         yield V("P01", "fp8 needs an fp8_recipe", "precision=fp8_tensorwise", precision__fp8=pr.fp8)
     if pr.fp4 is not None and pr.fp4_recipe is None:
         yield V("P01", "fp4 needs an fp4_recipe", "precision=nvfp4", precision__fp4=pr.fp4)
+    if pr.fp8_param_gather and pr.fp8 is None:
+        yield V("P01", "fp8_param_gather keeps FP8 weights, so it needs an fp8 recipe",
+                "precision=fp8_tensorwise (or another fp8 preset), or precision.fp8_param_gather=false",
+                precision__fp8_param_gather=True, precision__fp8=None)
     for recipe in (pr.fp8_recipe if pr.fp8 else None, pr.fp4_recipe if pr.fp4 else None):
         if recipe in PRECISION_ARCH and arch not in PRECISION_ARCH[recipe]:
             where = " or ".join(PRECISION_ARCH[recipe])

@@ -182,7 +182,7 @@ class LayoutSweeperImpl(Sweeper):
         first, last = self.screen_window
         contract = [f"contract.warmup_steps={self.screen_warmup}", f"contract.window=[{first},{last}]"]
         jobs = [[*base, *c["overrides"], *contract] for c in top]
-        log.info("screening the top %d layouts through %s", len(jobs), type(self.launcher).__name__)
+        log.info("screening %d layouts (the leading tied set) through %s", len(jobs), type(self.launcher).__name__)
         returns = self.launcher.launch(jobs, initial_job_idx=0)
         arms = []
         for c, ret in zip(top, returns):

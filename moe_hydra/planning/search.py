@@ -22,7 +22,7 @@ with the candidate; a candidate that fits with none of them is kept as ``fits: f
 (the layout sweeper does unless the command sets them): cross-node expert parallelism is a different
 strategy with a flex dispatcher and EP overlap than without. A layout keeps the fastest setting that
 passes the rules that read it (dispatcher L35-L45, EP overlap L65-L73) and fits at the layout's least
-recompute or above (a flex dispatcher's buffers and EP overlap's extra micro-batch in flight cost
+recompute or above (a flex dispatcher's buffers and EP overlap's extra layer in flight cost
 memory). A flex dispatcher is tried only where the EP group leaves the NVLink domain: inside it, the
 step-time model gives it the time of the all-to-all.
 
@@ -512,8 +512,8 @@ class Search:
         return est
 
     def _peak_with(self, c: Candidate, r: Resolved, level: str, comm: Comm, static, stages) -> float:
-        """The peak (GiB) with another communication setting: EP overlap holds one more micro-batch chunk in
-        flight, a flex dispatcher adds its buffers."""
+        """The peak (GiB) with another communication setting: EP overlap holds one more layer of a micro-batch,
+        a flex dispatcher adds its buffers."""
         peak = self._peaks(c, r, level, static, stages)[comm.ep_overlap]
         return peak + self.flex_gib * (comm.flex - self.comms[0].flex)
 

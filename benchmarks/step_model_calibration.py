@@ -111,6 +111,11 @@ def overrides_of(row: dict[str, Any]) -> list[str]:
         # Bridge's benchmark mode keeps the gradient buffer in bf16 (grad_reduce_in_fp32 = False in every release's
         # scripts/performance/configs/<model>/*_llm_pretrain.py, and perf_recipes/_common.py from r0.6.0)
         out.append("optimizer.grad_reduce_in_fp32=false")
+    if row["source"].startswith(("bridge-", "mz-")):
+        # both overlap the gradient reduce-scatter and the parameter all-gather with compute: Bridge's
+        # CommOverlapConfig and perf configs (comm_overlap.overlap_grad_reduce = True), the ModelZoo's benchmarking
+        # configs (--overlap-grad-reduce --overlap-param-gather)
+        out += ["overlap.overlap_grad_reduce=true", "overlap.overlap_param_gather=true"]
     out += [overrides.override(key, other[name]) for name, key in OTHER.items() if name in other
             # distributed Muon shards its state itself (the row's use_distributed_optimizer=false is Adam's flag)
             and not (name == "use_distributed_optimizer" and other.get("optimizer", "").startswith("dist_muon"))]

@@ -391,24 +391,24 @@ class StepModelConfig:
     sources left out of the fit; refit them to your cluster's screening runs."""
 
     # Fitted: dense GEMMs (attention projections, dense/shared MLPs, logits) in bf16, fraction of the peak;
-    gemm_efficiency: float = 0.426
+    gemm_efficiency: float = 0.424
     # core (flash) attention, forward + backward, fraction of the bf16 peak;
-    attention_efficiency: float = 0.67
+    attention_efficiency: float = 0.69
     # collectives and the all-to-all over the scale-out NIC, fraction of its bandwidth;
-    scaleout_efficiency: float = 0.675
+    scaleout_efficiency: float = 0.651
     # rows per expert GEMM at which grouped expert GEMMs run at half the dense GEMM rate;
-    expert_rows_half: float = 626.0
+    expert_rows_half: float = 718.0
     # collectives and the all-to-all inside the NVLink domain, fraction of half the bidirectional bandwidth;
-    nvlink_efficiency: float = 0.348
+    nvlink_efficiency: float = 0.346
     # host time per MoE layer per micro-batch, forward + backward (launches, the dispatcher's syncs);
-    host_ms_per_moe_layer: float = 11.5
+    host_ms_per_moe_layer: float = 11.7
     # the fraction of the all-to-all that EP overlap hides under another micro-batch's compute;
-    ep_overlap_efficiency: float = 0.568
+    ep_overlap_efficiency: float = 0.575
     # GEMMs in FP8 / MXFP8 / NVFP4: fraction of that precision's peak (quantisation kernels included);
-    low_precision_gemm_efficiency: float = 0.341
+    low_precision_gemm_efficiency: float = 0.337
     # host time CUDA graphs of a partial scope leave (kernels.cuda_graph_scope; a whole-iteration graph
     # leaves none), fraction of the above.
-    cuda_graph_host_fraction: float = 0.688
+    cuda_graph_host_fraction: float = 0.681
     # Priors (the dataset does not decide them): a dense layer launches about a quarter of a MoE layer's
     # kernels and has no dispatcher sync;
     host_ms_per_dense_layer: float = 2.5

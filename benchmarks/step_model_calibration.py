@@ -328,7 +328,7 @@ def search_ranks(timed: list[Row]) -> dict[str, tuple[int | None, bool]]:
 
 # ---------------------------------------------------------------------------------------------- report
 
-def report(all_rows: list[Row], k, held: dict[str, float]) -> None:
+def report(all_rows: list[Row], held: dict[str, float]) -> None:
     print(f"{'row':64s} {'measured s':>10s} {'held-out s':>10s} {'error':>7s}  fits  from")
     for r in all_rows:
         if r.refused or r.excluded:
@@ -371,7 +371,7 @@ def main() -> None:
     timed = [r for r in all_rows if r.timed]
     k = all_rows[0].cfg.step_model
     held = cross_validate(timed, k)
-    report(all_rows, k, held)
+    report(all_rows, held)
     s = summary(list(held.values()))
     print(f"\nheld out, leave one source out ({len({r.row['source'] for r in timed})} sources, {s['rows']} rows): "
           f"median |ln| {s['median']:.3f}, p90 {s['p90']:.3f}, worst {s['worst']:.3f}")

@@ -12,8 +12,9 @@
    layouts (``search/experiment/layout_NN.yaml`` + ``run_top.sh``) into the sweep directory.
 3. Unless ``stage=plan`` (or ``fit``), screen the layouts the step model cannot tell from the best (``tied``
    in ``layouts.json``: predicted within its held-out ranking error, ``tie_width``), at most ``top_k`` of
-   them, with short real runs through the configured launcher (local processes or Slurm): a short contract (``screen_window``, after
-   ``screen_warmup`` steps), every arm with the same global batch and contract hash. Rank them by
+   them, with short real runs through the configured launcher (local processes or Slurm): a short contract
+   (``screen_window``, after ``screen_warmup`` steps), every arm with the same global batch and contract hash.
+   Rank them by
    measured steady step time with a 95 % interval of the mean; a layout whose Welch comparison with
    the fastest (moe_hydra.core.stats, the hardware's run-to-run noise as the floor) finds no significant
    difference is a tie. Name the layout to validate with a >= 50-step run, and print its command.

@@ -305,7 +305,7 @@ class Search:
         name = cfg.recompute.name
         if name in RECOMPUTE_LEVELS:
             nodes = {level: cfg.recompute if level == name
-                     else overrides.apply(self.cfg, self._level_overrides(level)).recompute
+                     else overrides.apply(self.cfg, level_overrides(self.arch, level)).recompute
                      for level in recompute_levels(self.arch)}
             ladder = recompute_ladder(nodes, self.model)
             self.recompute = {level: nodes[level] for level in ladder[ladder.index(name):]}
@@ -527,9 +527,6 @@ class Search:
         """Whether the rules that read the dispatcher or EP overlap accept ``comm`` with this candidate."""
         return not any(self._check(c, kind, level, comm, comm_only=True) for kind in self.comm_kinds)
 
-    def _level_overrides(self, level: str) -> list[str]:
-        return level_overrides(self.arch, level)
-
     # ------------------------------------------------------------------ the whole search
 
     def run(self, workers: int | None = None) -> list[Result]:
@@ -577,7 +574,7 @@ class Search:
         and the search's fixed global batch."""
         out = r.candidate.overrides() + [f"train.global_batch_size={self.cfg.train.global_batch_size}"]
         if r.recompute and r.recompute != self.base_name:
-            out += self._level_overrides(r.recompute)
+            out += level_overrides(self.arch, r.recompute)
         if r.comm and r.comm.dispatcher != self.base_dispatcher:
             out.append(f"dispatcher={r.comm.dispatcher}")
         if r.comm and r.comm.ep_overlap != self.base_overlap:

@@ -122,7 +122,7 @@ class StepModel:
         hw, k = cfg.hardware, cfg.step_model
         self.k = k
         peak, _ = metrics.peak_tflops(hw, cfg.precision)
-        self.flops_s = (peak or NOMINAL_TFLOPS) * 1e12
+        peak_s = (peak or NOMINAL_TFLOPS) * 1e12  # the compute precision's peak FLOP/s
         self.nvlink = (hw.nvlink_bandwidth_gb_s or 2 * NOMINAL_GB_S) / 2 * 1e9 * k.nvlink_efficiency
         self.scaleout = (hw.scaleout_bandwidth_gb_s or NOMINAL_GB_S) * 1e9 * k.scaleout_efficiency
         self.hbm = (hw.hbm_bandwidth_tb_s or NOMINAL_GB_S / 1000) * 1e12
@@ -130,13 +130,13 @@ class StepModel:
         self.seq, self.gbs = r.batch.seq_length, r.batch.global_batch_size
         self.groups, self.group_topk = cfg.model.moe_router_num_groups, cfg.model.moe_router_group_topk
         self.overlap_grad_reduce = cfg.overlap.overlap_grad_reduce
-        self.impl = r.impl
         fl = flops.swa_discounted(arch, self.seq)  # the work the kernels do: a sliding window's keys only
         self.flops = fl
         # seconds per token at the sustained rates: dense GEMMs (at the precision's peak), core attention (bf16:
         # the recipes keep it out of FP8); experts apart (their rate depends on the layout)
         bf16 = (hw.peak_tflops_bf16 or NOMINAL_TFLOPS) * 1e12
-        gemm = bf16 * k.gemm_efficiency if self.flops_s == bf16 else self.flops_s * k.low_precision_gemm_efficiency
+        low_precision = cfg.precision.fp8 or cfg.precision.fp4
+        gemm = peak_s * k.low_precision_gemm_efficiency if low_precision else bf16 * k.gemm_efficiency
         self.gemm_s = 1 / gemm
         self.dense_flops = fl.total - fl.routed_experts - fl.attention_core
         attention = k.attention_efficiency if r.impl.attention == "flash" else k.unfused_attention_efficiency

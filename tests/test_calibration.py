@@ -87,12 +87,15 @@ def test_no_published_run_is_refused_and_at_most_one_called_unfit_within_5_perce
         assert r.peak_gib <= 1.05 * r.cfg.hardware.memory_gib, (r.name, r.peak_gib)
 
 
-def test_memory_matches_the_allocators_peak_where_the_optimizer_step_peaks(rows):
-    """The H200 slices of Qwen3-30B-A3B (torch's Adam holds an fp32 temporary of the shard): within 5 %."""
-    measured = [r for r in rows if r.row["published"].get("memory_gib") and "slice" in r.name]
-    assert len(measured) == 2
-    for r in measured:
-        assert r.peak_gib - r.allowance_gib == pytest.approx(r.row["published"]["memory_gib"], rel=0.05), r.name
+def test_memory_matches_the_allocators_peak_on_every_measured_row(rows):
+    """Against torch.cuda.max_memory_allocated: the Qwen3-30B-A3B slices (torch's Adam holds an fp32 temporary of
+    the shard) within 5 %, tiny_moe (two 32 MiB cuBLAS workspaces beside 34 MiB of states) within 15 %."""
+    measured = {r.name: (r.peak_gib - r.allowance_gib) / r.row["published"]["memory_gib"] - 1
+                for r in rows if r.row["published"].get("memory_gib")}
+    assert len(measured) == 3
+    assert all(abs(e) <= 0.15 for e in measured.values()), measured
+    assert sorted(abs(e) for e in measured.values())[1] <= 0.05, measured  # the median
+    assert all(abs(e) <= 0.05 for n, e in measured.items() if "slice" in n), measured
 
 
 def test_the_held_out_step_time_error_is_what_the_plan_states_and_stays_bounded(rows):

@@ -150,6 +150,24 @@ def test_torch_adams_fp32_temporary_is_the_peak_measured_without_transformer_eng
     assert te.r.impl.optimizer == "fused" and te.peak.optimizer_step == 0 and te.peak.total < peak.total
 
 
+def test_cublas_workspaces_follow_the_implementation():
+    """torch keeps two (forward thread, autograd thread), Transformer Engine one more plus four for grouped GEMM's
+    streams: 32 MiB each from Hopper on; none on the CPU."""
+    mib = 2**20
+    _, local = _assess(*H200_LOCAL, "hardware.transformer_engine=false")
+    _, te = _assess(*H200_LOCAL)
+    _, te_grouped = _assess(*H200_LOCAL, "kernels.moe_grouped_gemm=true")
+    assert local.r.impl.te is False and local.peak.workspaces == 2 * 32 * mib
+    assert te.r.impl.experts == "sequential" and te.peak.workspaces == 3 * 32 * mib
+    assert te_grouped.r.impl.experts == "grouped" and te_grouped.peak.workspaces == 7 * 32 * mib
+    _, cpu = _assess()
+    assert cpu.peak.workspaces == 0
+    a100 = memory.workspace_bytes("ampere", local.r.impl)
+    assert a100 == 2 * (8 * mib + 128 * 2**10)
+    assert te.peak.total - te.peak.allowance == pytest.approx(
+        te.peak.weights + te.peak.gradients + te.peak.optimizer + te.peak.activations + te.peak.workspaces)
+
+
 def test_allowance_is_declared_and_conditional():
     cfg, a = _assess(*QWEN30_EP16)
     flex, fa = _assess(*QWEN30_EP16, "dispatcher=deepep")
@@ -170,7 +188,8 @@ def test_plan_reports_memory_and_fits(cli, tmp_path):
     p = json.loads((tmp_path / "run" / "plan.json").read_text())
     m = p["memory"]
     assert p["fits"] is True and m["capacity"] == 80 and m["margin"] == pytest.approx(80 - m["total"], abs=1e-3)
-    parts = m["weights"] + m["gradients"] + m["optimizer"] + m["activations"] + m["allowance"]
+    parts = (m["weights"] + m["gradients"] + m["optimizer"] + max(m["activations"], m["optimizer_step"])
+             + m["workspaces"] + m["allowance"])
     assert m["total"] == pytest.approx(parts, abs=1e-4)
     assert set(m["breakdown"]["allowance"]) == {"cuda_context", "nccl", "flex_dispatcher", "cuda_graphs", "fragmentation"}
     assert "memory / rank" in r.stdout and "fits" in r.stdout

@@ -63,6 +63,12 @@ one's backward, which frees as it goes. Activation elements are 2 bytes (4 with 
 recipes the GEMM inputs kept for the backward pass (qkv_linear, attn_proj, mlp_input, expert_fc1, moe_act, the dense
 MLP's activation output) are Transformer Engine's quantized copies: 1 byte (+ 1/32 for MXFP8's scales), NVFP4 half.
 
+**Workspaces**: the cuBLAS workspaces the caching allocator holds (``max_memory_allocated`` counts them), by the
+implementation that runs: torch gives each (cuBLAS handle, stream) pair one, and the autograd engine runs the
+backward pass on its own thread with its own handle, so two; Transformer Engine keeps one of its own, and four
+more for its grouped GEMM's streams. Each is 32 MiB from Hopper on and 8.125 MiB (torch) / 4 MiB (TE) before.
+They dominate a small model (tiny_moe: 64 MiB beside 34 MiB of states).
+
 **Allowance**: declared, not estimated (``memory.*``): CUDA context, NCCL buffers, flex-dispatcher
 buffers, CUDA graphs, allocator fragmentation. Listed as such in the plan.
 
@@ -103,7 +109,20 @@ OFFLOAD_DROPS = {
     "expert_fc1": ("expert_fc1",),
     "moe_act": ("moe_act",),
 }
-EXCLUDED = ("routing imbalance beyond the capacity factor", "kernel workspaces", "memory of other processes")
+EXCLUDED = ("routing imbalance beyond the capacity factor", "workspaces of kernels other than cuBLAS",
+            "memory of other processes")
+MIB = 2**20
+
+
+def workspace_bytes(arch: str, impl: Any) -> float:
+    """The cuBLAS workspaces a rank holds (see the module docstring), by GPU architecture and implementation."""
+    if arch == "cpu":
+        return 0.0
+    hopper_on = arch not in ("ampere",)
+    torch_ws = 32 * MIB if hopper_on else 2 * 4 * MIB + 8 * 16 * 2**10
+    te_ws = 32 * MIB if hopper_on else 4 * MIB
+    n_te = (1 + 4 * (impl.experts == "grouped")) if impl.te else 0
+    return 2 * torch_ws + n_te * te_ws
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,10 +137,12 @@ class StageMemory:
     in_flight: float  # micro-batches of this stage's layers whose activations are held at the peak
     allowance: float
     optimizer_step: float = 0.0  # held during the optimizer step, instead of the activations
+    workspaces: float = 0.0  # cuBLAS workspaces
 
     @property
     def total(self) -> float:
-        return self.weights + self.gradients + self.optimizer + max(self.activations, self.optimizer_step) + self.allowance
+        return (self.weights + self.gradients + self.optimizer + max(self.activations, self.optimizer_step)
+                + self.workspaces + self.allowance)
 
 
 def _state_bytes(cfg: Any) -> float:
@@ -256,11 +277,12 @@ class Estimator:
         self.loss = 2 * self.hidden + tokens * a.padded_vocab(lo.tp) / lo.tp * 4
         self.allowance = allowance(cfg)
         self.torch_adam = r.impl.optimizer == "torch" and cfg.optimizer.optimizer == "adam"
+        self.workspaces = workspace_bytes(cfg.hardware.arch, r.impl)
         self._fixed_allowance = sum(v for k, v in self.allowance.items() if k != "fragmentation")
 
-    def static(self, ranks: list[RankParams]) -> list[tuple[float, float, float, float]]:
-        """(weights, gradients, optimizer, optimizer step) bytes per stage; recompute and activations do not
-        change them."""
+    def static(self, ranks: list[RankParams]) -> list[tuple[float, float, float, float, float]]:
+        """(weights, gradients, optimizer, optimizer step, workspaces) bytes per stage; recompute and activations
+        do not change them."""
         cfg, lo = self.cfg, self.lo
         o, off = cfg.optimizer, cfg.offload
         w_bytes = weight_bytes(cfg.precision)
@@ -271,7 +293,7 @@ class Estimator:
         on_device = 1 - off.optimizer_offload_fraction if off.optimizer_cpu_offload else 1
         state = _state_bytes(cfg) * on_device
         step = 4 * on_device if self.torch_adam else 0  # fp32 bytes per parameter of the shard
-        return [(p.total * w_bytes, p.total * g_bytes, state * shard, step * shard) for p in ranks
+        return [(p.total * w_bytes, p.total * g_bytes, state * shard, step * shard, self.workspaces) for p in ranks
                 for shard in (p.dense / dense_shard + p.expert / expert_shard,)]
 
     def _activations(self, r: RankLayers, overlap: bool | None = None) -> tuple[float, float, float]:
@@ -308,16 +330,16 @@ class Estimator:
         return act + overlap * next_layer, stage_mbs, next_layer
 
     def stages(self, split: tuple[RankLayers, ...], ranks: list[RankParams],
-               static: list[tuple[float, float, float, float]] | None = None) -> list[StageMemory]:
+               static: list[tuple[float, float, float, float, float]] | None = None) -> list[StageMemory]:
         out = []
         for r, states in zip(split, static or self.static(ranks)):
             act, mbs, _ = self._activations(r)
-            weights, grads, opt, step = states
+            weights, grads, opt, step, ws = states
             out.append(StageMemory(r.pp_rank, weights, grads, opt, act, mbs,
-                                   self.allowance_total(_estimated(states, act)), step))
+                                   self.allowance_total(_estimated(states, act)), step, ws))
         return out
 
-    def peaks(self, split: tuple[RankLayers, ...], static: list[tuple[float, float, float, float]],
+    def peaks(self, split: tuple[RankLayers, ...], static: list[tuple[float, float, float, float, float]],
               candidates: list[int] | None = None) -> tuple[float, float]:
         """The most-loaded stage's total without and with EP overlap (one layer more held).
         ``candidates``: the stages that can be the most loaded (:func:`peak_candidates`)."""
@@ -334,11 +356,11 @@ class Estimator:
         return self._fixed_allowance + self.allowance["fragmentation"] * estimated
 
 
-def _estimated(states: tuple[float, float, float, float], activations: float) -> float:
-    """A stage's bytes before the allowance: its states, and the larger of its activations and the optimizer
-    step's temporary (the step follows the backward pass)."""
-    weights, grads, opt, step = states
-    return weights + grads + opt + max(activations, step)
+def _estimated(states: tuple[float, float, float, float, float], activations: float) -> float:
+    """A stage's bytes before the allowance: its states and workspaces, and the larger of its activations and
+    the optimizer step's temporary (the step follows the backward pass)."""
+    weights, grads, opt, step, ws = states
+    return weights + grads + opt + max(activations, step) + ws
 
 
 def peak_candidates(a: Arch, split: tuple[RankLayers, ...], ranks: list[RankParams]) -> list[int]:
@@ -392,6 +414,7 @@ def summary(r: Resolved, stages: list[StageMemory], ranks: list[RankParams]) -> 
         "optimizer": _gib(worst.optimizer),
         "activations": _gib(worst.activations),
         "optimizer_step": _gib(worst.optimizer_step),
+        "workspaces": _gib(worst.workspaces),
         "allowance": _gib(worst.allowance),
         "breakdown": {
             "params_dense": p.dense, "params_expert": p.expert,
@@ -401,7 +424,7 @@ def summary(r: Resolved, stages: list[StageMemory], ranks: list[RankParams]) -> 
         },
         "per_stage": [{"pp_rank": s.pp_rank, "weights": _gib(s.weights), "gradients": _gib(s.gradients),
                        "optimizer": _gib(s.optimizer), "activations": _gib(s.activations),
-                       "optimizer_step": _gib(s.optimizer_step),
+                       "optimizer_step": _gib(s.optimizer_step), "workspaces": _gib(s.workspaces),
                        "in_flight_microbatches": round(s.in_flight, 3), "allowance": _gib(s.allowance),
                        "total": _gib(s.total)} for s in stages],
         "capacity": capacity,

@@ -24,7 +24,7 @@ def _memory_rows(t, plan: dict[str, Any]) -> None:
     if m["optimizer_step"] > m["activations"]:  # the optimizer step's temporary is the larger
         held = f"the optimizer step's fp32 temporary {m['optimizer_step'] * scale:.1f} (more than the {held})"
     parts = (f"weights {m['weights'] * scale:.1f} + gradients {m['gradients'] * scale:.1f} + optimizer "
-             f"{m['optimizer'] * scale:.1f} + {held} + allowance {m['allowance'] * scale:.1f}")
+             f"{m['optimizer'] * scale:.1f} + {held} + cuBLAS workspaces {m['workspaces'] * scale:.2f} + allowance {m['allowance'] * scale:.1f}")
     t.add_row("memory / rank", f"{m['total'] * scale:.2f} {unit} on pipeline rank {m['most_loaded_pp_rank']} "
               f"(the most loaded): {parts}")
     if len(m["per_stage"]) > 1:

@@ -481,7 +481,7 @@ class Search:
             found = (name, peak, None if cap is None else peak <= cap)
             if found[2] is not False:
                 break
-            if max(w + g + o for w, g, o, _ in static) / memory.GIB > cap:  # the states alone: no recompute helps
+            if max(w + g + o + ws for w, g, o, _, ws in static) / memory.GIB > cap:  # the states alone: no recompute helps
                 break
         return found
 

@@ -25,7 +25,7 @@ DSV3 = ("model=deepseek_v3", H100, "hardware.nodes=128", "mesh=dsv3_h100_1024")
 CASES = [
     ("S01", ["hardware.arch=tpu"], r"hardware\.arch must be one of cpu, ampere, hopper, blackwell"),
     ("S01", ["dispatcher.moe_token_dispatcher_type=alltoall_seq"], r"moe_token_dispatcher_type must be one of"),
-    ("S02", ["train.micro_batch_size=0"], r"train\.micro_batch_size must be >= 1"),
+    ("S02", ["train.micro_batch_size=0"], r"train\.micro_batch_size must be within \[1, 16777216\] \(is 0\)"),
     ("L13", ['model.moe_layer_freq="[0]*1+[1]*3"'], r"lists 4 layers but num_layers is 2"),
     # 6 ranks, TP4: 6 % 4 = 2
     ("L01", ["hardware.devices_per_node=6", "attention_mesh=tp4", "expert_mesh=ep1"],
@@ -85,7 +85,7 @@ CASES = [
     ("L31", ["kernels.moe_grouped_gemm=true"], r"grouped-GEMM experts need a GPU"),
     ("L32", ["overlap.overlap_param_gather=true"], r"overlap_param_gather needs the distributed optimizer and overlap_grad_reduce"),
     ("L33", ["offload=optimizer", "optimizer.use_distributed_optimizer=false"], r"optimizer CPU offload needs the distributed optimizer"),
-    ("L33", ["offload.optimizer_offload_fraction=1.5"], r"1\.5 is outside 0\.\.1"),
+    ("S02", ["offload.optimizer_offload_fraction=1.5"], r"optimizer_offload_fraction must be within \[0, 1\] \(is 1\.5\)"),
     ("L35", ["dispatcher.moe_flex_dispatcher_backend=deepep"], r"backend deepep is only used by the flex dispatcher"),
     ("L38", [H100, "mesh=ep8", "dispatcher=deepep", "dispatcher.moe_flex_dispatcher_backend=null"], r"flex dispatcher needs a backend"),
     ("L40", ["dispatcher=deepep"], r"flex dispatcher \(deepep\) needs ETP x EP > 1; it is 1x1"),

@@ -14,7 +14,8 @@ The walk of one size, e.g. ``parallel.expert_model_parallel_size`` from ``expert
 (``Ctx.layout``), the estimate, and the job's ``initialize_model_parallel`` and ``TransformerConfig`` (both
 from ``Layout.to_megatron()``).
 
-Sizes that cannot be sizes (zero or negative) are refused here, when the plan is built, all at once (S02).
+Numbers outside their domain (:mod:`moe_hydra.core.bounds`: a size below 1, a fraction above 1, NaN, a world of
+more than a million GPUs) are refused here, when the plan is built, before any arithmetic, all at once (S02).
 Whether the sizes fit together is the rules' business (:mod:`moe_hydra.planning.rules`): a resolved plan may be
 illegal (DP 0 when the world does not divide, no pipeline split), and the rules say why.
 
@@ -24,22 +25,14 @@ Pure: standard library only.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from operator import attrgetter
 from typing import Any
 
+from moe_hydra.core import bounds
 from moe_hydra.core.arch import Arch
 from moe_hydra.core.layout import Layout
 from moe_hydra.core.pipeline import RankLayers, assign
-from moe_hydra.core.violations import LayoutError, V
+from moe_hydra.core.violations import LayoutError
 
-# Sizes that must be >= 1 (S02); the rules check how they fit together.
-POSITIVE = ("hardware.nodes", "hardware.devices_per_node", "train.micro_batch_size", "train.seq_length",
-            "parallel.tensor_model_parallel_size", "parallel.context_parallel_size",
-            "parallel.pipeline_model_parallel_size", "parallel.expert_model_parallel_size",
-            "model.num_layers", "model.hidden_size", "model.num_attention_heads", "model.vocab_size")
-# ... or null when unset.
-POSITIVE_OR_NULL = ("train.global_batch_size", "parallel.virtual_pipeline_model_parallel_size",
-                    "parallel.expert_tensor_parallel_size", "model.num_moe_experts")
 # Config nodes that no derived fact (layout, split, batch, implementation) reads.
 SETTINGS = ("recompute", "offload", "dispatcher", "routing", "overlap", "optimizer", "memory", "step_model")
 
@@ -155,18 +148,6 @@ class Resolved:
         }
 
 
-_POSITIVE, _POSITIVE_OR_NULL = attrgetter(*POSITIVE), attrgetter(*POSITIVE_OR_NULL)
-
-
-def check_sizes(cfg: Any) -> list:
-    """S02: every size that must be positive, with the override that fixes it."""
-    if min(_POSITIVE(cfg)) >= 1 and all(v is None or v >= 1 for v in _POSITIVE_OR_NULL(cfg)):
-        return []  # the common case, at the layout search's rate
-    return [V("S02", f"{path} must be >= 1", f"{path}=1", **{path.replace(".", "__"): value})
-            for path, value in zip(POSITIVE + POSITIVE_OR_NULL, _POSITIVE(cfg) + _POSITIVE_OR_NULL(cfg))
-            if value is not None and value < 1 or value is None and path in POSITIVE]
-
-
 def rank_layers(arch: Arch, layout: Layout, parallel: Any) -> tuple[RankLayers, ...] | None:
     """What each pipeline rank holds (:func:`~moe_hydra.core.pipeline.assign`), or None when the config's split
     cannot be made."""
@@ -188,9 +169,9 @@ def resolve(cfg: Any, impl: Implementation | None = None, arch: Arch | None = No
     candidates share one model).
 
     Raises:
-        LayoutError: S02, listing every size that is not positive.
+        LayoutError: S02, listing every number outside its domain.
     """
-    bad = check_sizes(cfg)
+    bad = bounds.check(cfg)
     if bad:
         raise LayoutError(bad, f"{cfg.model.name} on {cfg.hardware.name}")
     if arch is None:

@@ -5,6 +5,8 @@ Pure: standard library only.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Callable, Iterator
@@ -160,7 +162,9 @@ def rule(fn: Rule | None = None, *, reads: str = "mesh", comm: tuple[str, ...] =
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of ``n``, ascending, in sqrt(n) steps."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def _list(values: list[int]) -> str:

@@ -262,8 +262,6 @@ def c01_contract_window(c: Ctx):
         yield V("C01", f"contract.window must be [first, last], got {w}", "contract.window=[4,10]", contract__window=w)
         return
     first, last = w
-    if k.warmup_steps < 0:
-        yield V("C01", "warmup_steps must be >= 0", "contract.warmup_steps=3", contract__warmup_steps=k.warmup_steps)
     if first <= k.warmup_steps:
         yield V("C01", f"the steady window starts at step {first}, inside the {k.warmup_steps} warmup steps",
                 f"contract.window=[{k.warmup_steps + 1},{max(last, k.warmup_steps + 1)}]",

@@ -373,7 +373,3 @@ def l32_l33_distributed_optimizer(c: Ctx):
         yield V("L33", "optimizer CPU offload needs the distributed optimizer",
                 "optimizer.use_distributed_optimizer=true (or offload=none)", offload__optimizer_cpu_offload=True,
                 optimizer__use_distributed_optimizer=False)
-    frac = c.cfg.offload.optimizer_offload_fraction
-    if not 0.0 <= frac <= 1.0:
-        yield V("L33", f"optimizer_offload_fraction {frac} is outside 0..1", "offload.optimizer_offload_fraction=1.0",
-                offload__optimizer_offload_fraction=frac)

@@ -1,0 +1,173 @@
+"""The domain of every number in the schema, checked when the resolved plan is built (rule S02).
+
+Every ``int`` and ``float`` field of :class:`moe_hydra.core.schema.Config` (and every element of its integer
+lists) has a closed range here; ``tests/test_bounds.py`` fails when a field has none. A value outside its range,
+NaN included, is refused before any arithmetic reads it, all at once, each refusal naming its key. The upper
+bounds are far above any real run (a million GPUs, a 16M-token sequence) and keep every size a user types from
+driving the time or memory of planning: no algorithm below runs for longer because a value is larger.
+
+A ``None`` in an optional field is unset, not a number, and passes; the rules say when it must be set.
+
+Pure: standard library only.
+"""
+
+from __future__ import annotations
+
+import math
+from operator import attrgetter
+from typing import Any
+
+from moe_hydra.core.violations import V, Violation
+
+K = 1024
+M = K * K
+MAX_WORLD = M  # GPUs: nodes x devices_per_node
+MAX_STEPS = 10**7  # training iterations, steps of a measured window
+SIZE = (1, M)  # a dimension, a group size, a count of experts or layers
+WIDTH = (1, 16 * M)  # a hidden or FFN width
+FRACTION = (0.0, 1.0)
+EFFICIENCY = (1e-6, 1.0)  # a sustained fraction of a peak: 0 would make a term infinite
+RATE = (1e-6, 1e9)  # a peak rate or bandwidth (TFLOP/s, GB/s, TB/s)
+GIB = (0.0, 1e6)
+
+# path -> (lowest, highest), both allowed
+DOMAINS: dict[str, tuple[float, float]] = {
+    "seed": (0, 2**32 - 1),
+    "repeat": (0, M),
+    "model.num_layers": (1, 10 * K),
+    "model.hidden_size": WIDTH,
+    "model.ffn_hidden_size": WIDTH,
+    "model.num_attention_heads": (1, 64 * K),
+    "model.num_query_groups": (1, 64 * K),
+    "model.kv_channels": (1, 64 * K),
+    "model.vocab_size": (1, 16 * M),
+    "model.make_vocab_size_divisible_by": (1, 64 * K),
+    "model.max_position_embeddings": (1, 16 * M),
+    "model.seq_length": (1, 16 * M),
+    "model.global_batch_size": (1, 16 * M),
+    "model.rotary_base": (1, 2**40),
+    "model.window_attn_skip_freq": (1, 10 * K),
+    "model.num_moe_experts": (1, 64 * K),
+    "model.moe_ffn_hidden_size": WIDTH,
+    "model.moe_router_topk": (1, 64 * K),
+    "model.moe_shared_expert_intermediate_size": WIDTH,
+    "model.moe_router_num_groups": (1, 64 * K),
+    "model.moe_router_group_topk": (1, 64 * K),
+    "model.moe_router_topk_scaling_factor": (1e-6, 1e6),
+    "model.moe_aux_loss_coeff": (0.0, 1e6),
+    "model.q_lora_rank": WIDTH,
+    "model.kv_lora_rank": WIDTH,
+    "model.qk_head_dim": (1, 64 * K),
+    "model.qk_pos_emb_head_dim": (0, 64 * K),
+    "model.v_head_dim": (1, 64 * K),
+    "model.mtp_num_layers": (0, K),
+    "hardware.nodes": (1, MAX_WORLD),
+    "hardware.devices_per_node": (1, 4 * K),
+    "hardware.gpus_per_node": (0, 4 * K),
+    "hardware.nvlink_domain_size": (1, MAX_WORLD),
+    "hardware.memory_gib": (1e-3, 1e6),
+    "hardware.hbm_bandwidth_tb_s": RATE,
+    "hardware.peak_tflops_bf16": RATE,
+    "hardware.peak_tflops_fp8": RATE,
+    "hardware.peak_tflops_fp4": RATE,
+    "hardware.nvlink_bandwidth_gb_s": RATE,
+    "hardware.scaleout_bandwidth_gb_s": RATE,
+    "hardware.run_to_run_noise": FRACTION,
+    "parallel.tensor_model_parallel_size": SIZE,
+    "parallel.context_parallel_size": SIZE,
+    "parallel.pipeline_model_parallel_size": SIZE,
+    "parallel.virtual_pipeline_model_parallel_size": SIZE,
+    "parallel.num_layers_in_first_pipeline_stage": (0, 10 * K),
+    "parallel.num_layers_in_last_pipeline_stage": (0, 10 * K),
+    "parallel.expert_model_parallel_size": SIZE,
+    "parallel.expert_tensor_parallel_size": SIZE,
+    "recompute.recompute_num_layers": (1, 10 * K),
+    "offload.optimizer_offload_fraction": FRACTION,
+    "dispatcher.num_sms": (1, 4 * K),
+    "routing.moe_expert_capacity_factor": (1e-6, 1e6),
+    "optimizer.lr": (0.0, 1e3),
+    "optimizer.weight_decay": (0.0, 1e3),
+    "optimizer.clip_grad": (0.0, 1e9),
+    "optimizer.num_distributed_optimizer_instances": SIZE,
+    "train.micro_batch_size": (1, 16 * M),
+    "train.global_batch_size": (1, 16 * M),
+    "train.seq_length": (1, 16 * M),
+    "train.train_iters": (1, MAX_STEPS),
+    "train.log_interval": (1, MAX_STEPS),
+    "train.fail_at_step": (1, MAX_STEPS),
+    "data.seed": (0, 2**32 - 1),
+    "memory.cuda_context_gib": GIB,
+    "memory.nccl_gib": GIB,
+    "memory.flex_dispatcher_gib": GIB,
+    "memory.cuda_graphs_gib": GIB,
+    "memory.fragmentation": FRACTION,
+    "contract.warmup_steps": (0, MAX_STEPS),
+    "launcher.timeout_min": (1, 10**6),
+    "launcher.cpus_per_task": (1, 64 * K),
+    "launcher.mem_gb": (1, 10**6),
+    "launcher.signal_delay_s": (0, 10**6),
+    "launcher.array_parallelism": (1, 10**6),
+    "step_model.gemm_efficiency": EFFICIENCY,
+    "step_model.attention_efficiency": EFFICIENCY,
+    "step_model.scaleout_efficiency": EFFICIENCY,
+    "step_model.expert_rows_half": (0.0, 1e9),
+    "step_model.nvlink_efficiency": EFFICIENCY,
+    "step_model.host_ms_per_moe_layer": (0.0, 1e6),
+    "step_model.ep_overlap_efficiency": FRACTION,
+    "step_model.low_precision_gemm_efficiency": EFFICIENCY,
+    "step_model.cuda_graph_host_fraction": FRACTION,
+    "step_model.host_ms_per_dense_layer": (0.0, 1e6),
+    "step_model.unfused_attention_efficiency": EFFICIENCY,
+    "step_model.host_ms_per_local_expert": (0.0, 1e6),
+}
+# integer lists: path -> (lowest, highest) of each element, and how many elements (None: any number)
+LIST_DOMAINS: dict[str, tuple[tuple[int, int], int | None]] = {
+    "model.window_size": ((-1, 16 * M), 2),  # [left, right]; -1: unbounded
+    "parallel.hierarchical_context_parallel_sizes": (SIZE, None),
+    "contract.window": ((1, MAX_STEPS), None),  # [first, last] measured step, 1-based (how they relate: C01)
+}
+
+_PATHS = tuple(DOMAINS)
+_VALUES = attrgetter(*_PATHS)
+_LOWS = tuple(lo for lo, _ in DOMAINS.values())
+_HIGHS = tuple(hi for _, hi in DOMAINS.values())
+
+
+def _shown(lo: float, hi: float) -> str:
+    return f"[{lo:g}, {hi:g}]" if isinstance(lo, float) or isinstance(hi, float) else f"[{lo}, {hi}]"
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check(cfg: Any) -> list[Violation]:
+    """S02: every number outside its domain, every malformed integer list and a world beyond
+    :data:`MAX_WORLD`; empty for a config inside its bounds (the common case, at the layout search's rate).
+    How values relate (a window after the warmup, sizes that divide) is the rules' business."""
+    values = _VALUES(cfg)
+    out = [V("S02", f"{path} must be within {_shown(lo, hi)} (is {value})",
+             f"{path}={hi if _number(value) and value > hi else lo}", **{path.replace(".", "__"): value})
+           for path, value, lo, hi in zip(_PATHS, values, _LOWS, _HIGHS)
+           if value is not None and not (_number(value) and lo <= value <= hi)]
+    out += [v for path in LIST_DOMAINS for v in _check_list(cfg, path)]
+    if not out and cfg.hardware.nodes * cfg.hardware.devices_per_node > MAX_WORLD:
+        hw = cfg.hardware
+        out.append(V("S02", f"world size {hw.nodes} x {hw.devices_per_node} is above {MAX_WORLD} GPUs",
+                     "a smaller hardware.nodes", hardware__nodes=hw.nodes, hardware__devices_per_node=hw.devices_per_node))
+    return out
+
+
+def _integer_within(x: Any, lo: int, hi: int) -> bool:
+    return _number(x) and math.isfinite(x) and x == int(x) and lo <= x <= hi
+
+
+def _check_list(cfg: Any, path: str) -> list[Violation]:
+    (lo, hi), length = LIST_DOMAINS[path]
+    value = attrgetter(path)(cfg)
+    if value is None or (isinstance(value, (list, tuple)) and (length is None or len(value) == length)
+                         and all(_integer_within(x, lo, hi) for x in value)):
+        return []
+    what = f"{length} integers" if length else "integers"
+    return [V("S02", f"{path} must be a list of {what} within [{lo}, {hi}] (is {value})",
+              f"{path}=[{','.join([str(max(lo, 1))] * (length or 1))}]", **{path.replace(".", "__"): value})]

@@ -54,15 +54,18 @@ def summarize(
     world_size: int,
     flops_per_token: float,
     peak: float | None,
+    stopped: bool = False,
 ) -> dict[str, Any]:
-    """The throughput part of ``results.json``."""
+    """The throughput part of ``results.json``. ``stopped``: the run was stopped by a signal before the end of
+    its window; the figures are then those of the window steps it measured (``window_measured``), None when
+    it measured none."""
     steady = window_steps(records, window)
-    if not steady:
+    if not steady and not stopped:
         raise ValueError(f"no step in the window {window}: the run has {len(records)} steps")
     times = [r.time_ms for r in steady]
-    step_ms = statistics.fmean(times)
-    tokens_per_s_per_gpu = tokens_per_step / (step_ms / 1e3 * world_size)
-    tflops = flops_per_token * tokens_per_s_per_gpu / 1e12
+    step_ms = statistics.fmean(times) if times else None
+    tokens_per_s_per_gpu = tokens_per_step / (step_ms / 1e3 * world_size) if times else None
+    tflops = flops_per_token * tokens_per_s_per_gpu / 1e12 if times else None
     losses = [r.loss for r in records]
     finite = [x for x in losses if math.isfinite(x)]
 
@@ -74,6 +77,7 @@ def summarize(
         "steps": len(records),
         "warmup_steps": warmup_steps,
         "window": list(window),
+        "window_measured": [steady[0].step, steady[-1].step] if steady else None,
         "step_times_ms": [r.time_ms for r in records],
         "host_times_ms": [r.host_ms for r in records],
         "device_times_ms": [r.device_ms for r in records],
@@ -84,10 +88,10 @@ def summarize(
         "tokens_per_step": tokens_per_step,
         "tokens_per_s_per_gpu": tokens_per_s_per_gpu,
         "tflops_per_gpu": tflops,
-        "mfu": tflops / peak if peak else None,
+        "mfu": tflops / peak if peak and times else None,
         "loss": {
-            "first": losses[0],
-            "last": losses[-1],
+            "first": losses[0] if losses else None,
+            "last": losses[-1] if losses else None,
             "per_step": losses,
             "all_finite": len(finite) == len(losses),
             "nan_or_skipped": sum(1 for r in records if r.skipped or not math.isfinite(r.loss)),

@@ -8,9 +8,17 @@ pipeline schedule, the optimizer step) is timed on each rank — monotonic clock
 events plus the host clock on a GPU — and the step's time is the slowest rank's. Warmup steps are
 run and recorded but never enter a statistic; the steady window is ``contract.window``.
 
+**Every ending is recorded.** SIGINT, SIGTERM and SIGUSR2 (Slurm's timeout, cancel and preemption signals;
+submitit's) are caught on every rank (:class:`Signals`): the step under way finishes, the ranks agree at its end
+to stop (the flag rides on the step's all-reduce), rank 0 writes ``results.json`` with ``status``
+``interrupted`` (SIGINT) or ``terminated`` and every step measured so far, and :class:`Stopped` ends the process
+with the conventional code, 128 + the signal's number. A failure writes ``status: failed`` with the error.
+
 ``results.json`` (the job's part; the plan's fields are merged in):
-    status                 ok | failed (with error)
-    steps, window, warmup_steps, step_times_ms, step_time_ms, step_time_counter
+    results_version        1 (moe_hydra.core.results)
+    run_id                 unique per run: compare counts a run once
+    status                 ok | failed (with error) | interrupted | terminated (with signal, stopped_at_step)
+    steps, window, window_measured, warmup_steps, step_times_ms, step_time_ms, step_time_counter
     host_times_ms, device_times_ms, host_time_ms, device_time_ms
     tokens_per_s_per_gpu, tflops_per_gpu, flops_per_token, flops_counter, mfu, peak_tflops
     peak_memory_gib, memory_counter, memory_vs_estimate (GPU: the plan's estimate against max allocated),
@@ -26,8 +34,10 @@ import dataclasses
 import logging
 import os
 import resource
+import signal
 import time
 import traceback
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -39,33 +49,76 @@ from moe_hydra.core.versions import mcore_facts
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
+RESULTS_VERSION = 1
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
+
+
+class Stopped(Exception):
+    """The job stopped on a signal after recording what it measured; ``code`` is the conventional exit code."""
+
+    def __init__(self, signame: str, step: int):
+        self.signame, self.step = signame, step
+        self.code = 128 + signal.Signals[signame].value
+        super().__init__(f"stopped by {signame} after step {step}")
+
+
+class Signals:
+    """Catches :data:`STOP_SIGNALS` for the life of the job: the first one is remembered (``received``), later
+    ones too are absorbed (a terminal's Ctrl-C reaches every rank, and the launcher forwards its own SIGTERM),
+    and the previous handlers come back on exit."""
+
+    def __init__(self):
+        self.received: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> Signals:
+        for sig in STOP_SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame) -> None:
+        self.received = self.received or signal.Signals(signum).name
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
 def worker(spec: dict[str, Any]) -> dict[str, Any] | None:
     """Entry point of every rank. ``spec``: ``resolved`` (the :class:`~moe_hydra.core.resolved.Resolved` plan
     this job builds), ``plan`` (plan.json's record), ``config`` (the composed config, plain, for W&B),
-    ``out_dir``, ``env``.
+    ``out_dir``, ``env``, ``run_id``.
 
     The distributed environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
     MASTER_PORT) comes from the launcher. Returns the results on rank 0, None elsewhere.
+
+    Raises:
+        Stopped: a signal stopped the job (its results were written first).
     """
     r: Resolved = spec["resolved"]
     out_dir = Path(spec["out_dir"])
     rank = int(os.environ.get("RANK", "0"))
     _warnings_to_file(out_dir / "ranks" / f"warnings.rank{rank}.log")
+    stamp = {"results_version": RESULTS_VERSION, "run_id": spec.get("run_id") or uuid.uuid4().hex}
     results = None
-    try:
-        results = Job(r, spec["plan"], spec.get("env")).run(out_dir)
-        return results
-    except BaseException as e:
-        if rank == 0:
-            results = {**spec["plan"], "stage": "run", "status": "failed", "error": f"{type(e).__name__}: {e}",
-                       "traceback": traceback.format_exc()[-4000:]}
-            write_json(results, out_dir / "results.json")
-        raise
-    finally:
-        if rank == 0 and results is not None:
-            from moe_hydra.job import tracking
+    with Signals() as signals:
+        job = Job(r, spec["plan"], spec.get("env"), signals, stamp)
+        try:
+            results = job.run(out_dir)
+        except BaseException as e:
+            if rank == 0:
+                results = {**spec["plan"], **stamp, "stage": "run", "status": "failed",
+                           "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]}
+                write_json(results, out_dir / "results.json")
+            raise
+        finally:
+            if rank == 0 and results is not None:
+                from moe_hydra.job import tracking
 
-            tracking.log_run(spec["config"], results, out_dir, spec["plan"]["tracking"], r.cfg.logger)
+                tracking.log_run(spec["config"], results, out_dir, spec["plan"]["tracking"], r.cfg.logger)
+    if job.stopped_by:
+        raise Stopped(job.stopped_by, job.stopped_at)
+    return results
 
 
 def _warnings_to_file(path: Path) -> None:
@@ -114,8 +167,12 @@ class Job:
     steps — :meth:`init_model_parallel`, :meth:`transformer_config`, :meth:`build_model` — on a fake
     process group."""
 
-    def __init__(self, r: Resolved, plan: dict[str, Any], env_snapshot: dict[str, Any] | None = None):
+    def __init__(self, r: Resolved, plan: dict[str, Any], env_snapshot: dict[str, Any] | None = None,
+                 signals: Signals | None = None, stamp: dict[str, Any] | None = None):
         self.r, self.cfg, self.plan, self.env_snapshot = r, r.cfg, plan, env_snapshot
+        self.signals, self.stamp = signals, stamp or {}
+        self.stopped_by: str | None = None  # the signal the ranks agreed to stop on (:class:`Signals`)
+        self.stopped_at = 0  # ... after this step
 
     # ------------------------------------------------------------------ setup
 
@@ -351,7 +408,7 @@ class Job:
             batches = [data.batch(step - 1, dp_rank, mb) for mb in range(data.microbatches)]
             if step == t.fail_at_step:
                 raise RuntimeError(f"train.fail_at_step={step}: failing on purpose")
-            rec = self._step(step, model, optimizer, forward_step, batches)
+            rec, stop = self._step(step, model, optimizer, forward_step, batches)
             records.append(rec)
             if gpu is not None:
                 samples.append({"step": step, **gpu.sample()})
@@ -362,13 +419,19 @@ class Job:
                                                   peak, rec.memory_gib))
             if step == last:
                 loop_ms = (time.perf_counter() - window_start) * 1e3 / (last - first + 1)
+            if stop and step < t.train_iters:  # every rank saw the signal at the end of this step
+                self.stopped_by, self.stopped_at = stop, step
+                if progress is not None:
+                    progress.log(f"{stop} received: stopping after step {step} of {t.train_iters}")
+                break
         if progress is not None:
             progress.close()
         return records, (samples if gpu is not None else None), loop_ms
 
-    def _step(self, step: int, model, optimizer, forward_step, batches) -> metrics.StepRecord:
+    def _step(self, step: int, model, optimizer, forward_step, batches) -> tuple[metrics.StepRecord, str | None]:
         """One timed step on every rank, after a barrier: forward/backward through Megatron's schedule and the
-        optimizer step. Its time is the slowest rank's; its loss the global batch's."""
+        optimizer step. Its time is the slowest rank's; its loss the global batch's. Also returns the stop signal
+        any rank has received by the step's end (None: none), agreed on by the same all-reduce."""
         import torch
         import torch.distributed as dist
         from megatron.core import parallel_state as ps
@@ -410,7 +473,10 @@ class Job:
         wall_ms = (time.perf_counter() - t0) * 1e3
         last_stage = ps.is_pipeline_last_stage(ignore_virtual=True)
         local_loss = (sum(float(x["lm loss"]) for x in losses) / len(losses)) if (last_stage and losses) else 0.0
-        stats = torch.tensor([wall_ms, host_ms or 0.0, device_ms or 0.0], device=self.device, dtype=torch.float64)
+        received = self.signals.received if self.signals else None
+        signum = signal.Signals[received].value if received else 0
+        stats = torch.tensor([wall_ms, host_ms or 0.0, device_ms or 0.0, signum], device=self.device,
+                             dtype=torch.float64)
         dist.all_reduce(stats, op=dist.ReduceOp.MAX)
         loss = torch.tensor([local_loss], device=self.device, dtype=torch.float64)
         dist.all_reduce(loss, group=ps.get_data_parallel_group(with_context_parallel=True))
@@ -422,19 +488,25 @@ class Job:
             host_ms=float(stats[1]) if self.on_gpu else None, device_ms=float(stats[2]) if self.on_gpu else None,
             grad_norm=float(grad_norm) if grad_norm is not None else None, skipped=not ok,
             memory_gib=self._memory_gib(),
-        )
+        ), signal.Signals(int(stats[3])).name if stats[3] else None
 
     def _results(self, records, samples, loop_ms: float, memory: dict, evidence: dict) -> dict[str, Any]:
         """``results.json``: the plan's record, the steady window's figures and what produced each."""
         cfg, contract = self.cfg, self.cfg.contract
         peak, peak_field = metrics.peak_tflops(cfg.hardware, cfg.precision)
+        stopped = {"status": "interrupted" if self.stopped_by == "SIGINT" else "terminated",
+                   "signal": self.stopped_by, "stopped_at_step": self.stopped_at} if self.stopped_by else {}
         return {
             **self.plan,
+            **self.stamp,
             "stage": "run",
             "status": "ok",
+            "signal": None,
+            **stopped,
             **metrics.summarize(records, window=list(contract.window), warmup_steps=contract.warmup_steps,
                                 tokens_per_step=self.r.batch.tokens_per_step, world_size=self.world,
-                                flops_per_token=self.plan["flops_per_token"], peak=peak),
+                                flops_per_token=self.plan["flops_per_token"], peak=peak,
+                                stopped=bool(self.stopped_by)),
             "step_time_counter": ("CUDA events around each step (device) and the host clock, max over ranks"
                                   if self.on_gpu else "time.perf_counter around each step, max over ranks"),
             "window_counter": f"mean of steps {contract.window[0]}..{contract.window[1]}; "

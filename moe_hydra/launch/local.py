@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
+import signal
 import socket
 import uuid
 from pathlib import Path
@@ -111,15 +113,34 @@ class JobFailed(RuntimeError):
         super().__init__(f"the job failed on rank {rank}: {error}\n  per-rank logs: {logs}")
 
 
+class JobStopped(RuntimeError):
+    """A signal stopped the job; its ranks recorded what they measured. ``code``: 128 + the signal's number."""
+
+    def __init__(self, signame: str, logs: Path):
+        self.signame, self.code = signame, 128 + signal.Signals[signame].value
+        super().__init__(f"the job was stopped by {signame}\n  per-rank logs: {logs}")
+
+
 def launch_local(spec: dict[str, Any], world_size: int, out_dir: Path) -> dict[str, Any]:
-    """Run ``moe_hydra.job.train.worker(spec)`` on ``world_size`` local processes; rank 0's results."""
+    """Run ``moe_hydra.job.train.worker(spec)`` on ``world_size`` local processes; rank 0's results.
+
+    A signal to this process (SIGINT, SIGTERM, SIGUSR2) reaches the ranks through torch's elastic agent, which
+    forwards it before it ends them; the ranks finish their step and record it (:mod:`moe_hydra.job.train`).
+
+    Raises:
+        JobFailed: a rank failed.
+        JobStopped: a signal stopped the job, here or in a rank.
+    """
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from moe_hydra.job.train import worker
 
     logs = out_dir / "ranks"
+    # the agent forwards these to the ranks before it ends them (SIGUSR2: Slurm's and submitit's warning)
+    os.environ.setdefault("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2")
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=world_size, run_id=uuid.uuid4().hex[:8],
         rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{_free_port()}", max_restarts=0, start_method="spawn",
@@ -128,9 +149,14 @@ def launch_local(spec: dict[str, Any], world_size: int, out_dir: Path) -> dict[s
     )
     try:
         returns = elastic_launch(config, worker)(spec)
+    except SignalException as e:
+        raise JobStopped(signal.Signals(e.sigval).name, logs) from None
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
         message = failure.message if isinstance(failure.message, str) else failure.message.get("message", "")
+        stopped = re.search(r"Stopped: stopped by (SIG\w+)", message)
+        if stopped:
+            raise JobStopped(stopped.group(1), logs) from None
         raise JobFailed(rank, message.strip().splitlines()[-1] if message.strip() else f"exit code {failure.exitcode}",
                         logs) from None
     return returns[0]

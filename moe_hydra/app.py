@@ -1,9 +1,10 @@
 """``python -m moe_hydra``: compose -> validate -> plan -> (stage=run) launch the job.
 
-Bad input ends here with one message that names the override to change, exit code 2, no
-traceback, and nothing launched. A job that starts and fails exits 1. In a multirun, invalid
-points are reported and skipped, the valid ones proceed, and the exit code at the end says whether
-any point failed (1) or was refused (2).
+Exit codes: 0 done; 1 a job started and failed; 2 bad input, refused before anything of it started.
+Bad input (an unknown key or option, an override Hydra cannot read or compose, a broken rule, a sweep
+directory that holds another sweep) ends with one message that names the override to change, exit code 2,
+no traceback, and nothing launched. In a multirun, invalid points are reported and skipped, the valid
+ones proceed, and the exit code at the end says whether any point failed (1) or was refused (2).
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from typing import NoReturn
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn
+from hydra.errors import ConfigCompositionException, OverrideParseException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from moe_hydra import cli
 from moe_hydra.core import env, io, overrides
@@ -34,6 +37,9 @@ log = logging.getLogger("moe_hydra")
 
 EXIT_FAILED = 1  # a job started and failed
 EXIT_INVALID = 2  # refused before anything started
+# What a point leaves in its directory, and what tells its outcome (moe_hydra.sweep status, compare): a point
+# run again into the same directory starts without its earlier run's
+OUTCOME_FILES = ("violations.json", "results.json", "fit.json", "plan.json", "env.json")
 
 
 class Outcomes(Callback):
@@ -77,7 +83,8 @@ class Outcomes(Callback):
 def _sweep_context() -> tuple[list[str], str | None]:
     """(override keys swept by the current multirun, a name for the sweep); ([], None) for one run.
 
-    Read from the sweep directory's multirun.yaml, which Hydra writes before any point starts.
+    Read from the sweep directory's multirun.yaml, which the sweeper writes before any point starts, holding the
+    directory for this sweep alone (:func:`moe_hydra.launch.points.claim`).
     """
     hc = HydraConfig.get()
     if hc.mode.name != "MULTIRUN":
@@ -153,6 +160,17 @@ def _fail(message: str) -> NoReturn:
     raise sweep.Failed(message)
 
 
+def _typed(cfg: DictConfig):
+    """The composed config as the schema's objects; a value that cannot become one (a mandatory value a
+    deletion left missing, an interpolation that does not resolve) is refused naming its key."""
+    try:
+        return OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "the config"
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        _refuse(f"{key} cannot be read: {reason}. Nothing was launched; change the override behind {key}.")
+
+
 def run_point(cfg: DictConfig) -> str:
     """One point of a run or sweep: its state (PLANNED, COMPLETED), the value of its JobReturn.
 
@@ -164,10 +182,13 @@ def run_point(cfg: DictConfig) -> str:
         Failed: the point started and failed.
     """
     out_dir = Path(HydraConfig.get().runtime.output_dir)
-    obj = OmegaConf.to_object(cfg)
+    obj = _typed(cfg)
     swept, sweep_name = _sweep_context()
     snapshot = env.snapshot()
     rank = slurm.slurm_rank()
+    if rank in (None, 0):  # the process that owns the directory
+        for name in OUTCOME_FILES:
+            (out_dir / name).unlink(missing_ok=True)
     # stage=run builds on this machine (or this node of a Slurm job): what it will build is detected here
     here = obj.stage is Stage.run and (rank is not None or obj.launcher.name == "local")
     r = p = None
@@ -224,7 +245,7 @@ def _run_fit(cfg: DictConfig, r: Resolved, p: dict, out_dir: Path) -> str:
 def _run_slurm_task(cfg: DictConfig, r: Resolved, p: dict, out_dir: Path, rank: int, snapshot: dict) -> str:
     """Inside a Slurm job: rank 0 owns the output directory; every rank trains. Failures raise, so
     Hydra and submitit record them for the launcher that waits on this job."""
-    from moe_hydra.job.train import worker
+    from moe_hydra.job.train import Stopped, worker
 
     if rank == 0:
         io.write_json(p, out_dir / "plan.json")
@@ -234,7 +255,10 @@ def _run_slurm_task(cfg: DictConfig, r: Resolved, p: dict, out_dir: Path, rank: 
     if r.cfg.stage is not Stage.run:
         return "PLANNED"
     slurm.task_environment()
-    worker(_job_spec(cfg, r, p, out_dir, snapshot))
+    try:
+        worker(_job_spec(cfg, r, p, out_dir, snapshot))
+    except Stopped as e:
+        _stopped(e.signame, e.code, out_dir)
     return "COMPLETED"
 
 
@@ -251,11 +275,21 @@ def _run_job(cfg: DictConfig, r: Resolved, p: dict, out_dir: Path, snapshot: dic
         results = local.launch_local(_job_spec(cfg, r, p, out_dir, snapshot), r.layout.world_size, out_dir)
     except local.JobFailed as e:
         _fail(str(e))
+    except local.JobStopped as e:
+        _stopped(e.signame, e.code, out_dir)
     loss = results["loss"]
     print(f"moe_hydra: {results['steps']} steps, window {results['window']}: step {results['step_time_ms']:.1f} ms, "
           f"{results['tokens_per_s_per_gpu']:.1f} tokens/s/GPU, {results['tflops_per_gpu']:.4f} TFLOP/s/GPU, "
           f"loss {loss['first']:.3f} -> {loss['last']:.3f}  ({out_dir / 'results.json'})", flush=True)
     return "COMPLETED"
+
+
+def _stopped(signame: str, code: int, out_dir: Path) -> NoReturn:
+    """A signal stopped the job after its ranks recorded what they measured: one line, then the conventional
+    exit code (128 + the signal's number) for the whole command; a sweep stops here too."""
+    res = out_dir / "results.json"
+    print(f"moe_hydra: stopped by {signame}; {res} holds the steps measured so far", file=sys.stderr, flush=True)
+    raise SystemExit(code)
 
 
 @hydra.main(config_path=f"pkg://{CONF_PACKAGE}", config_name="config", version_base="1.3")
@@ -265,7 +299,8 @@ def _hydra_app(cfg: DictConfig) -> str:
 
 def main() -> None:
     """``python -m moe_hydra`` and ``moe-hydra``: check the overrides, then hand the command to Hydra. The
-    exit code comes from the points' JobReturns (:class:`Outcomes`)."""
+    exit code comes from the points' JobReturns (:class:`Outcomes`), or is 2 for an override that moe_hydra or
+    Hydra refuses before any point starts."""
     from moe_hydra.launch import layout_sweeper, points
 
     register_configs()
@@ -277,4 +312,11 @@ def main() -> None:
     if problems:
         print("moe_hydra: " + "\n  ".join(problems), file=sys.stderr)
         sys.exit(EXIT_INVALID)
-    _hydra_app()
+    try:
+        _hydra_app()
+    except SystemExit as e:
+        # Hydra reports an override it cannot read or compose (a value of the wrong type for its key) itself, then
+        # exits 1 from inside its handler of that error: the error is the exit's __context__. Nothing started.
+        if e.code == EXIT_FAILED and isinstance(e.__context__, (OverrideParseException, ConfigCompositionException)):
+            sys.exit(EXIT_INVALID)
+        raise

@@ -42,11 +42,17 @@ def search_path(args: list[str]) -> list[Path]:
 
 
 def normalize(args: list[str]) -> list[str]:
-    """``+group=option`` -> ``group=option`` for moe_hydra's own groups; ``-m`` first.
+    """``+group=option`` -> ``group=option`` for moe_hydra's own groups; ``hydra.run.dir`` also the sweep's
+    directory unless ``hydra.sweep.dir`` is given; ``-m`` first.
 
     Every group sits in the root defaults (optional ones as null), where Hydra 1.3 takes
     ``group=option`` but refuses ``+group=option`` ("Multiple values for group"). Both spellings are
     common, so both work.
+
+    A command that names its output directory expects its outputs there, whether it runs once or as a sweep:
+    ``-m``, or a config that switches to one (``experiment=dispatcher_ab``, ``launcher=slurm`` set
+    ``hydra.mode: MULTIRUN``). So ``hydra.run.dir=DIR`` without ``hydra.sweep.dir`` puts a sweep's points in
+    ``DIR/<n>/`` (Hydra alone would use ``outputs/multirun/<date>/<time>``).
     """
     known = set(groups())
     out = []
@@ -54,6 +60,9 @@ def normalize(args: list[str]) -> list[str]:
         if a.startswith("+") and not a.startswith("++") and "=" in a and a[1:].split("=", 1)[0] in known:
             a = a[1:]
         out.append(a)
+    run_dir = [a.split("=", 1)[1] for a in out if a.startswith("hydra.run.dir=")]
+    if run_dir and not any(a.startswith("hydra.sweep.dir=") for a in out):
+        out.append(f"hydra.sweep.dir={run_dir[-1]}")
     # Hydra's parser takes overrides only in one run: `-m` between overrides ("... -m key=value")
     # would leave the ones after it unrecognised. The flag goes first.
     flags = [a for a in out if a in ("-m", "--multirun")]
@@ -88,8 +97,22 @@ def _values(override) -> list[str]:
     return [v for v in options if isinstance(v, str)]
 
 
+def _parse_each(candidates: list[str]) -> tuple[list, list[str]]:
+    """(Hydra's parse of each override, a problem for each that its grammar cannot read, with the parser's
+    message): one at a time, so the message names the override at fault."""
+    from hydra.errors import OverrideParseException
+
+    parsed, problems = [], []
+    for c in candidates:
+        try:
+            parsed += overrides.parse([c])
+        except OverrideParseException as e:
+            problems.append(f"cannot read the override {c!r}:\n    " + str(e).replace("\n", "\n    "))
+    return parsed, problems
+
+
 def check_overrides(args: list[str]) -> list[str]:
-    """Problems found in ``args`` (empty when every key and group option exists)."""
+    """Problems found in ``args`` (empty when every override reads and every key and group option exists)."""
     from hydra._internal.utils import get_args_parser
 
     parsed = get_args_parser().parse_args(args)
@@ -98,10 +121,9 @@ def check_overrides(args: list[str]) -> list[str]:
     candidates = parsed.overrides
     if not candidates:
         return []
-    try:
-        parsed_overrides = overrides.parse(candidates)
-    except Exception:  # noqa: BLE001 - a syntax error is Hydra's to report, with its own message
-        return []
+    parsed_overrides, unreadable = _parse_each(candidates)
+    if unreadable:
+        return unreadable
     all_groups = groups(search_path(args))
     problems = []
     for o in parsed_overrides:

@@ -111,3 +111,42 @@ def test_a_failing_job_reports_failed(cli, tmp_path):
     assert "failing on purpose" in r.stderr and "per-rank logs" in r.stderr
     res = results(tmp_path)
     assert res["status"] == "failed" and "fail_at_step=2" in res["error"]
+
+
+def _stop_mid_window(tmp_path, sig, *args):
+    """Start a run with a long window, send ``sig`` to the command once step 5 is logged; (exit code, output,
+    results)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
+    log = tmp_path / "out.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "moe_hydra", f"hydra.run.dir={tmp_path}/run", "logger=none",
+                                 "contract.warmup_steps=1", "contract.window=[2,400]", *args],
+                                cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 240
+        while "step    5" not in log.read_text() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+        proc.send_signal(sig)
+        proc.wait(timeout=120)
+    return proc.returncode, log.read_text(), results(tmp_path)
+
+
+@pytest.mark.parametrize("signame,status", [("SIGTERM", "terminated"), ("SIGINT", "interrupted"),
+                                            ("SIGUSR2", "terminated")])
+def test_a_signal_mid_window_records_the_steps_so_far(tmp_path, signame, status):
+    import signal as signals
+
+    sig = signals.Signals[signame]
+    code, stderr, res = _stop_mid_window(tmp_path, sig, "hardware.devices_per_node=2", "expert_mesh=ep2")
+    assert code == 128 + sig.value, stderr[-2000:]
+    assert "Traceback" not in stderr and f"stopped by {signame}" in stderr
+    assert res["status"] == status and res["signal"] == signame and res["results_version"] == 1 and res["run_id"]
+    steps = res["steps"]
+    assert 5 <= steps < 400 and len(res["step_times_ms"]) == steps == res["stopped_at_step"]
+    assert res["window"] == [2, 400] and res["window_measured"] == [2, steps]
+    assert res["step_time_ms"] == pytest.approx(statistics.fmean(res["step_times_ms"][1:steps]))
+    assert len(res["loss"]["per_step"]) == steps

@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any
 
 
 def write_json(data: dict[str, Any], path: Path, indent: int | None = 2) -> None:
-    """Write ``data`` atomically (a reader never sees half a file); ``indent=None`` for large files."""
+    """Write ``data`` atomically (a reader never sees half a file); ``indent=None`` for large files.
+
+    The file's mode follows the umask, as Hydra's ``.hydra/`` files do (0644 under umask 022), so a team that
+    shares output directories can read it: the temporary file is created with mode 0666 less the umask (not
+    ``tempfile.mkstemp``'s 0600), then renamed over ``path``.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     with os.fdopen(fd, "w") as f:
         json.dump(data, f, indent=indent, default=str, separators=None if indent else (",", ":"))
         f.write("\n")

@@ -39,6 +39,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from moe_hydra.analysis.compare import Run
 from moe_hydra.core import io, overrides, stats
 from moe_hydra.core.schema import Config, Stage, typed
+from moe_hydra.core.violations import LayoutError
+from moe_hydra.launch import points
 from moe_hydra.launch import state as sweep
 from moe_hydra.planning import search
 from moe_hydra.planning.step_model import TERMS
@@ -114,16 +116,27 @@ class LayoutSweeperImpl(Sweeper):
                     if o.key_or_group in LAYOUT_GROUPS or o.key_or_group.startswith("parallel.")]
         if replaced:
             print(f"moe_hydra: the search chooses the layout; it replaces {' '.join(replaced)}", file=sys.stderr, flush=True)
-        sweep_dir = Path(str(self.config.hydra.sweep.dir))
-        sweep_dir.mkdir(parents=True, exist_ok=True)
         cfg = typed(self.hydra_context.config_loader.load_sweep_config(self.config, list(arguments)))
         dispatchers, ep_overlap = self.communication(cfg, {o.key_or_group for o in parsed})
         searched = SEARCHED + ["dispatcher"] * (len(dispatchers) > 1) + [EP_OVERLAP] * (len(ep_overlap) > 1)
         with open_dict(self.config):
             self.config.hydra.sweeper.params = {key: "searched" for key in searched}
-        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        try:
+            lock = points.claim(self.config)  # one sweep per directory, taken before multirun.yaml is written
+        except sweep.Refused as e:
+            return self._outcome("INVALID", str(e))
+        with lock:
+            OmegaConf.save(self.config, Path(str(self.config.hydra.sweep.dir)) / "multirun.yaml")
+            return self._search(cfg, arguments, dispatchers, ep_overlap)
+
+    def _search(self, cfg: Config, arguments: list[str], dispatchers: list[str], ep_overlap: list[bool]) -> list:
+        """Run the search, write its reports, then screen the leading layouts (``stage=run``, ``top_k``)."""
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
         t0 = time.perf_counter()
-        s = search.Search(cfg, self.micro_batch_sizes, dispatchers=dispatchers, ep_overlap=ep_overlap)
+        try:
+            s = search.Search(cfg, self.micro_batch_sizes, dispatchers=dispatchers, ep_overlap=ep_overlap)
+        except LayoutError as e:  # sizes that cannot be sizes (S02): there is nothing to search
+            return self._outcome("INVALID", e.report())
         results = s.run()
         seconds = time.perf_counter() - t0
         report = s.report(results, seconds)
@@ -265,7 +278,8 @@ def write_sweep(sweep_dir: Path, ranked: list[dict], base: list[str]) -> dict:
                         f"experiment={','.join(names)}"])
     script = sweep_dir / "run_top.sh"
     script.write_text(f"#!/usr/bin/env bash\n# The top {len(names)} layouts of this search as one sweep.\n{command}\n")
-    script.chmod(0o755)
+    mode = script.stat().st_mode
+    script.chmod(mode | (mode & 0o444) >> 2)  # executable by whoever may read it (the umask decides who)
     return {"script": str(script), "command": command, "experiment_dir": str(mesh_dir), "layouts": names}
 
 

@@ -139,14 +139,17 @@ def launch_local(spec: dict[str, Any], world_size: int, out_dir: Path) -> dict[s
     from moe_hydra.job.train import worker
 
     logs = out_dir / "ranks"
-    # the agent forwards these to the ranks before it ends them (SIGUSR2: Slurm's and submitit's warning)
-    os.environ.setdefault("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2")
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=world_size, run_id=uuid.uuid4().hex[:8],
         rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{_free_port()}", max_restarts=0, start_method="spawn",
         # rank 0 writes to this console (progress bar, metric lines); the others to <job dir>/ranks/
         logs_specs=DefaultLogsSpecs(log_dir=str(logs), redirects={r: Std.ALL if r else Std.NONE for r in range(world_size)}),
     )
+
+    def forward(signum: int, frame) -> None:  # as the agent's own SIGTERM/SIGINT handler: it forwards, then ends
+        raise SignalException(f"got {signal.Signals(signum).name}", sigval=signal.Signals(signum))
+
+    previous = signal.signal(signal.SIGUSR2, forward)  # Slurm's and submitit's warning; torch leaves it out
     try:
         returns = elastic_launch(config, worker)(spec)
     except SignalException as e:
@@ -159,4 +162,6 @@ def launch_local(spec: dict[str, Any], world_size: int, out_dir: Path) -> dict[s
             raise JobStopped(stopped.group(1), logs) from None
         raise JobFailed(rank, message.strip().splitlines()[-1] if message.strip() else f"exit code {failure.exitcode}",
                         logs) from None
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
     return returns[0]

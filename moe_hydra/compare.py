@@ -1,4 +1,5 @@
-"""``python -m moe_hydra.compare``: the command; the comparison lives in :mod:`moe_hydra.analysis.compare`."""
+"""``python -m moe_hydra.compare``: the command (exit 0 done, 1 an error, 2 refused or bad input); the comparison
+lives in :mod:`moe_hydra.analysis.compare`."""
 
 import sys
 

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import re
+import shutil
+import uuid
 from pathlib import Path
 
 import pytest
@@ -16,14 +20,18 @@ BASE_CONTRACT = {"dispatcher": {"name": "alltoall"}, "train": {"seq_length": 128
 
 
 def fake_run(root: Path, name: str, times: list[float], *, dispatcher="alltoall", seq=128, swept=("dispatcher",),
-             label="training-equivalent", window=None, steps=None, **extra) -> Path:
+             label="training-equivalent", window=None, steps=None, legacy=False, **extra) -> Path:
+    """A run directory with a results.json as the job writes it (``legacy``: as written before results_version and
+    run_id existed); ``extra`` keys replace the written ones."""
     c = json.loads(json.dumps(BASE_CONTRACT))
     c["dispatcher"]["name"], c["train"]["seq_length"] = dispatcher, seq
     window = window or [4, len(times)]
     d = root / name
     d.mkdir(parents=True)
-    res = {"status": "ok", "stage": "run", "contract": c, **contract.hashes(c, list(swept)), "swept": list(swept),
-           "step_times_ms": times, "window": window, "steps": steps or len(times), "step_time_ms": sum(times) / len(times),
+    stamp = {} if legacy else {"results_version": 1, "run_id": uuid.uuid4().hex}
+    res = {**stamp, "status": "ok", "stage": "run", "contract": c, **contract.hashes(c, list(swept)),
+           "swept": list(swept), "step_times_ms": times, "window": window, "steps": steps or len(times),
+           "step_time_ms": sum(times) / len(times),
            "tokens_per_s_per_gpu": 1000.0, "tflops_per_gpu": 0.01, "label": label, "label_reasons": [],
            "loss": {"first": 7.0, "last": 6.0, "all_finite": True, "nan_or_skipped": 0},
            "evidence": {"dispatcher_class": f"{dispatcher}Dispatcher"}, "peak_memory_gib": {"rss": 0.5}, **extra}
@@ -60,7 +68,7 @@ def test_warmup_steps_never_enter(tmp_path):
     rng = random.Random(2)
     a = fake_run(tmp_path, "a", [900.0] * 3 + noisy(100, 20, rng), dispatcher="alltoall")
     b = fake_run(tmp_path, "b", [100.0] * 3 + noisy(100, 20, rng), dispatcher="allgather")
-    (comp,) = compare.compare(compare.load([a, b], print), ["dispatcher"])
+    (comp,) = compare.compare(compare.load([a, b], print).runs, ["dispatcher"])
     (effect,) = comp.effects.values()
     assert effect.verdict == SAME and effect.n_a == effect.n_b == 20
 
@@ -70,7 +78,7 @@ def test_repeated_arms_use_the_run_as_unit(tmp_path):
     for i in range(3):
         fake_run(tmp_path, f"a{i}", noisy(100 + i, 23, rng), dispatcher="alltoall", swept=("dispatcher", "repeat"))
         fake_run(tmp_path, f"b{i}", noisy(150 + i, 23, rng), dispatcher="allgather", swept=("dispatcher", "repeat"))
-    (comp,) = compare.compare(compare.load([tmp_path], print))
+    (comp,) = compare.compare(compare.load([tmp_path], print).runs)
     (effect,) = comp.effects.values()
     assert effect.unit == "runs" and effect.n_a == 3 and effect.verdict == SLOWER and not comp.notes
 
@@ -110,10 +118,10 @@ def test_bad_inputs_are_skipped_with_a_warning_never_mixed_in(tmp_path):
     (tmp_path / "4").mkdir()
     (tmp_path / "4" / "plan.json").write_text("{}")
     warnings = []
-    runs = compare.load([tmp_path], warnings.append)
-    assert len(runs) == 2
+    loaded = compare.load([tmp_path], warnings.append)
+    assert len(loaded.runs) == 2 and len(loaded.rejected) == 2
     text = "\n".join(warnings)
-    assert "2/results.json: unreadable or truncated" in text and "3/results.json: status 'failed'" in text
+    assert "2/results.json: truncated or not JSON" in text and "3/results.json: status 'failed'" in text
     assert "4: a plan without results" in text
 
 
@@ -122,7 +130,7 @@ def test_diff_orders_the_first_differing_knob_first_and_names_the_walls(tmp_path
     a = fake_run(tmp_path, "a", noisy(100, 23, rng), dispatcher="alltoall", swept=(), host_time_ms=None)
     b = fake_run(tmp_path, "b", noisy(150, 23, rng), dispatcher="allgather", seq=256, swept=(),
                  peak_memory_gib={"rss": 0.9})
-    report = compare.diagnose(*compare.load([a, b], print))
+    report = compare.diagnose(*compare.load([a, b], print).runs, print)
     assert [k for k, _, _ in report["config"]][:2] == ["dispatcher.name", "train.seq_length"]
     assert report["walls"]["memory"].startswith("moved") and report["walls"]["communication"].startswith("unknown")
     assert report["walls"]["compute"].startswith("unknown")  # no device time on a CPU
@@ -133,7 +141,7 @@ def test_diff_orders_the_first_differing_knob_first_and_names_the_walls(tmp_path
 def test_real_runs_a_known_effect_is_detected(cli, tmp_path):
     r = cli("logger=none", "model.num_layers=2,8", "contract.window=[4,13]", "-m", timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    (comp,) = compare.compare(compare.load([tmp_path / "multi"], print))
+    (comp,) = compare.compare(compare.load([tmp_path / "multi"], print).runs)
     (effect,) = comp.effects.values()
     assert comp.variables == ["model.num_layers"] and effect.verdict == SLOWER, effect
 
@@ -148,7 +156,7 @@ def test_one_run_arms_count_only_beyond_the_run_to_run_noise(tmp_path):
             res = json.loads((d / "results.json").read_text())
             res["contract"]["hardware"] = {"run_to_run_noise": 0.2}
             (d / "results.json").write_text(json.dumps(res))
-        return compare.load([root], print)
+        return compare.load([root], print).runs
 
     (small,) = compare.compare(runs(10))  # +10 %: clear within a run, inside the 20 % run-to-run noise
     (e,) = small.effects.values()
@@ -163,6 +171,249 @@ def test_one_run_arms_count_only_beyond_the_run_to_run_noise(tmp_path):
 def test_real_runs_a_a_repeats_are_not_called_different(cli, tmp_path):
     r = cli("logger=none", "repeat=0,1,2", "contract.window=[4,13]", "-m", timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    (comp,) = compare.compare(compare.load([tmp_path / "multi"], print), ["repeat"])
+    (comp,) = compare.compare(compare.load([tmp_path / "multi"], print).runs, ["repeat"])
     assert len(comp.effects) == 2
     assert all(e.verdict == SAME for e in comp.effects.values()), comp.effects
+
+
+# --------------------------------------------------------------------------- hardening (issue 15)
+
+VERDICT_WORD = re.compile(r"\b(faster|slower)\b")
+
+
+def one_run_per_arm(root: Path, seed: int = 9, **extra) -> Path:
+    """A sweep directory D: one alltoall and one allgather run, 30 % apart (alone, a clear 'slower')."""
+    rng = random.Random(seed)
+    fake_run(root, "0", noisy(100, 23, rng), dispatcher="alltoall", **extra)
+    fake_run(root, "1", noisy(130, 23, rng), dispatcher="allgather", **extra)
+    return root
+
+
+def rewrite(d: Path, **changes) -> None:
+    """Change keys of the results.json in ``d`` (a value of ``...`` deletes the key)."""
+    res = json.loads((d / "results.json").read_text())
+    res.update(changes)
+    (d / "results.json").write_text(json.dumps({k: v for k, v in res.items() if v is not ...}))
+
+
+def test_alone_the_fixture_gives_a_verdict(tmp_path, capsys):
+    """The control for the duplicate tests below: the same directory given once is called slower."""
+    d = one_run_per_arm(tmp_path / "D")
+    assert compare.main([str(d), "--out", str(tmp_path / "out")]) == 0
+    assert "slower" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["run_id", "version-0"])
+@pytest.mark.parametrize("given", ["D D", "D D/0 D/1", "D copy", "D/0 D/1 copy/0 copy/1"])
+def test_a_run_given_twice_is_counted_once_and_never_a_verdict(tmp_path, capsys, given, legacy):
+    """Old code: the same runs counted as repeats gave a zero-variance 'faster'/'slower' (MDE 0.00 %)."""
+    d = one_run_per_arm(tmp_path / "D", legacy=legacy)
+    shutil.copytree(d, tmp_path / "copy")
+    args = [str(tmp_path / a) for a in given.split()]
+    assert compare.main([*args, "--out", str(tmp_path / "out")]) == 0
+    captured = capsys.readouterr()
+    same = "same file" if "copy" not in given else "same run_id" if not legacy else "same step times"
+    assert f"counted once: {same} as" in captured.err, captured.err
+    assert not VERDICT_WORD.search(captured.out), captured.out
+    md = (tmp_path / "out" / "compare.md").read_text()
+    assert compare.DUPLICATED in md and not VERDICT_WORD.search(md.split("## Skipped")[0])
+
+
+def test_repeated_arms_given_twice_count_each_run_once(tmp_path):
+    rng, swept = random.Random(10), ("dispatcher", "repeat")
+    for i in range(3):
+        fake_run(tmp_path / "D", f"a{i}", noisy(100 + i, 23, rng), dispatcher="alltoall", swept=swept)
+        fake_run(tmp_path / "D", f"b{i}", noisy(150 + i, 23, rng), dispatcher="allgather", swept=swept)
+    loaded = compare.load([tmp_path / "D", tmp_path / "D"], print)
+    (comp,) = compare.compare(loaded.runs)
+    (effect,) = comp.effects.values()
+    assert len(loaded.runs) == 6 and effect.n_a == effect.n_b == 3 and effect.verdict == compare.DUPLICATED
+
+
+NOT_RESULTS = {  # written as results.json text -> a field the warning must name
+    "[]": "not a JSON object", "42": "not a JSON object", "null": "not a JSON object", '"ok"': "not a JSON object",
+    '{"status": "ok", "step_ti': "truncated or not JSON", "\xff\xfe": "not UTF-8",
+}
+BAD_FIELDS = {  # changes to a valid results.json (23 steps) -> the field the warning must name
+    "window [5,9] beyond the steps": ({"window": [5, 99]}, "window [5, 99] is outside the 23 steps run"),
+    "window [3,2]": ({"window": [3, 2]}, "window [3, 2] is not [first, last] with 1 <= first <= last"),
+    "window [0,3]": ({"window": [0, 3]}, "window [0, 3] is not"),
+    "window null": ({"window": None}, "window is null"),
+    "window missing": ({"window": ...}, "window is missing"),
+    "steps missing": ({"steps": ...}, "steps is missing"),
+    "steps wrong": ({"steps": 7}, "steps 7 is not the 23 entries of step_times_ms"),
+    "loss missing": ({"loss": ...}, "loss is missing"),
+    "loss nan": ({"loss": {"first": float("nan"), "last": 6.0, "all_finite": True, "nan_or_skipped": 0}},
+                 "loss.first is nan"),
+    "version 7": ({"results_version": 7}, "results_version 7 is not 1"),
+    "empty run_id": ({"run_id": ""}, "run_id is \"\""),
+    "status": ({"status": "done"}, "status is \"done\" (want one of ok, failed, interrupted, terminated)"),
+    "contract a list": ({"contract": []}, "contract is []"),
+    "noise negative": ({"contract": {**BASE_CONTRACT, "hardware": {"run_to_run_noise": -0.5}}},
+                       "contract.hardware.run_to_run_noise is -0.5"),
+}
+
+
+@pytest.mark.parametrize("text", list(NOT_RESULTS), ids=list(NOT_RESULTS.values()))
+def test_any_json_value_is_skipped_with_a_warning(tmp_path, capsys, text):
+    """Old code: AttributeError on [], 42, null."""
+    d = one_run_per_arm(tmp_path / "D")
+    (d / "1" / "results.json").write_bytes(text.encode("latin-1"))
+    assert compare.main([str(d), "--out", str(tmp_path / "out")]) == compare.EXIT_REFUSED  # one run left
+    err = capsys.readouterr().err
+    assert f"skipped {d / '1' / 'results.json'}: " in err and NOT_RESULTS[text] in err, err
+
+
+@pytest.mark.parametrize("case", list(BAD_FIELDS))
+def test_a_results_file_against_the_schema_is_skipped_naming_the_field(tmp_path, capsys, case):
+    """Old code: ValueError/TypeError on the windows, KeyError on missing keys, the rest compared as they were."""
+    changes, named = BAD_FIELDS[case]
+    d = one_run_per_arm(tmp_path / "D")
+    rewrite(d / "1", **changes)
+    assert compare.main([str(d), "--out", str(tmp_path / "out")]) == compare.EXIT_REFUSED
+    err = capsys.readouterr().err
+    assert named in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("bad, named", [
+    (0.0, "step_times_ms[0] is 0.0"), (-5.0, "step_times_ms[5] is -5.0"), (float("nan"), "step_times_ms[5] is nan"),
+    (float("inf"), "step_times_ms[5] is inf"), (1e300, "step_times_ms[5] is 1e+300"),
+], ids=["all zero", "negative", "nan", "inf", "huge"])
+def test_non_finite_zero_or_negative_step_times_never_enter(tmp_path, capsys, bad, named):
+    """Old code: NaN/inf gave 'no significant difference' (+nan %); an all-zero baseline a ZeroDivisionError."""
+    d = one_run_per_arm(tmp_path / "D")
+    times = json.loads((d / "0" / "results.json").read_text())["step_times_ms"]
+    rewrite(d / "0", step_times_ms=[bad] * len(times) if bad == 0.0 else times[:5] + [bad] + times[6:])
+    assert compare.main([str(d), "--out", str(tmp_path / "out")]) == compare.EXIT_REFUSED
+    err = capsys.readouterr().err
+    assert named in err and "1 distinct complete run(s)" in err, err
+
+
+def test_a_stopped_run_is_listed_never_compared(tmp_path, capsys):
+    rng = random.Random(11)
+    d = one_run_per_arm(tmp_path / "D")
+    fake_run(d, "2", noisy(60, 5, rng), dispatcher="allgather", window=[4, 400], status="terminated", signal="SIGTERM")
+    assert compare.main([str(d), "--out", str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    assert "2/results.json: status terminated (SIGTERM) after 5 steps; window [4, 400], steps 4..5 measured" in err
+    loaded = compare.load([d], print)
+    assert [r.path.name for r in loaded.stopped] == ["2"] and len(loaded.runs) == 2
+    assert "not compared" in (tmp_path / "out" / "compare.md").read_text()
+    assert compare.main(["--accept", str(d / "2")]) == compare.EXIT_REFUSED
+    assert "status terminated" in capsys.readouterr().err
+
+
+def test_a_window_of_one_step_is_no_comparison_not_a_crash(tmp_path, capsys):
+    """Old code: stats.welch raised ValueError (fewer than 2 samples)."""
+    d = one_run_per_arm(tmp_path / "D")
+    rewrite(d / "1", window=[5, 5])
+    assert compare.main([str(d), "--out", str(tmp_path / "out")]) == 0
+    assert "no comparison, 20 and 1 steady samples" in capsys.readouterr().out
+
+
+def good_accept_run(root: Path, name: str = "good", **changes) -> Path:
+    d = fake_run(root, name, noisy(100, 50, random.Random(12)), window=[41, 50])
+    rewrite(d, **changes)
+    return d
+
+
+@pytest.mark.parametrize("changes, named", [
+    ({"step_times_ms": [float("nan")] * 50}, "step_times_ms[0] is nan"),
+    ({"step_times_ms": [-100.0] + [100.0] * 49}, "step_times_ms[0] is -100.0"),
+    ({"window": [41, 500]}, "window [41, 500] is outside the 50 steps run"),
+    ({"loss": {"first": 7.0, "last": float("nan"), "per_step": [7.0] * 49 + [float("nan")], "all_finite": True,
+               "nan_or_skipped": 0}}, "loss.last is nan (want a finite number) (loss.all_finite says true)"),
+    ({"loss": ...}, "loss is missing"),
+    ({"steps": ...}, "steps is missing"),
+    ({"tokens_per_s_per_gpu": None, "step_time_ms": ...}, None),  # not refused: the report prints what is there
+], ids=["nan steps", "negative step", "window [41,500]", "nan loss flagged finite", "no loss", "no steps",
+        "no figures"])
+def test_accept_refuses_what_the_schema_refuses(tmp_path, capsys, changes, named):
+    """Old code: accepted NaN/negative step times, a window past the steps and NaN losses flagged finite; KeyError on
+    a missing loss or steps."""
+    d = good_accept_run(tmp_path, **changes)
+    code = compare.main(["--accept", str(d), "--variable", "dispatcher"])
+    captured = capsys.readouterr()
+    if named is None:
+        assert code == 0 and "tokens/s/GPU" in captured.out
+    else:
+        assert code == compare.EXIT_REFUSED and "not accepted" in captured.err and named in captured.err, captured.err
+
+
+@pytest.mark.parametrize("changes, named", [({"loss": ...}, "loss is missing"), ({"steps": ...}, "steps is missing")])
+def test_diff_refuses_a_run_without_the_keys_it_reads(tmp_path, capsys, changes, named):
+    """Old code: KeyError."""
+    d = one_run_per_arm(tmp_path / "D")
+    rewrite(d / "1", **changes)
+    assert compare.main(["--diff", str(d / "0"), str(d / "1")]) == compare.EXIT_REFUSED
+    err = capsys.readouterr().err
+    assert "--diff takes two run directories" in err and named in err
+
+
+@pytest.mark.parametrize("env", ["{not json", "[]", "\xff"])
+def test_diff_survives_a_corrupt_env_json(tmp_path, capsys, env):
+    """Old code: JSONDecodeError (or AttributeError on a list)."""
+    d = one_run_per_arm(tmp_path / "D")
+    (d / "0" / "env.json").write_text(json.dumps({"versions": {"torch": "2.13.0"}}))
+    (d / "1" / "env.json").write_bytes(env.encode("latin-1"))
+    assert compare.main(["--diff", str(d / "0"), str(d / "1")]) == 0
+    captured = capsys.readouterr()
+    assert f"{d / '1' / 'env.json'}: " in captured.err and "left out of the diff" in captured.err
+    assert "walls" in captured.out
+
+
+def test_diff_of_a_run_with_itself_is_refused(tmp_path, capsys):
+    d = one_run_per_arm(tmp_path / "D")
+    assert compare.main(["--diff", str(d / "0"), str(d / "0")]) == compare.EXIT_REFUSED
+    assert "counted once: same file" in capsys.readouterr().err
+
+
+def test_out_holds_the_files_and_is_printed(tmp_path, capsys):
+    d = one_run_per_arm(tmp_path / "D")
+    out = tmp_path / "new" / "out"
+    assert compare.main([str(d), "--out", str(out)]) == 0
+    assert (out / "compare.md").is_file() and (out / "compare.png").stat().st_size > 1000
+    assert not (d / "compare.md").exists() and f"written: {out / 'compare.md'}" in capsys.readouterr().out
+
+
+def test_a_read_only_or_missing_first_directory_writes_to_the_current_one(tmp_path, monkeypatch, capsys):
+    """Old code: wrote into the first directory (PermissionError on a read-only archive, FileNotFoundError when
+    it is missing), after printing the verdict."""
+    d = one_run_per_arm(tmp_path / "D")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    access = os.access  # root writes anywhere: say what a read-only mount says for D
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if Path(p) == d else access(p, mode, **kw))
+    d.chmod(0o555)
+    try:
+        assert compare.main([str(d)]) == 0
+    finally:
+        d.chmod(0o755)
+    assert (cwd / "compare.md").is_file() and not (d / "compare.md").exists()
+    assert compare.main([str(tmp_path / "gone" / "away"), str(d)]) == 0  # missing, and its parent too
+    assert "skipped" in capsys.readouterr().err
+
+
+def test_an_unwritable_out_is_an_error_not_a_traceback(tmp_path, capsys):
+    d = one_run_per_arm(tmp_path / "D")
+    (tmp_path / "file").write_text("")
+    assert compare.main([str(d), "--out", str(tmp_path / "file" / "sub")]) == compare.EXIT_ERROR
+    captured = capsys.readouterr()
+    assert "slower" in captured.out and "cannot write compare.md, compare.png" in captured.err
+
+
+@pytest.mark.parametrize("floor", ["nan", "-0.1", "1.5", "inf"])
+def test_a_bad_noise_floor_is_refused(tmp_path, floor):
+    with pytest.raises(SystemExit) as e:
+        compare.main([str(tmp_path), "--noise-floor", floor])
+    assert e.value.code == compare.EXIT_REFUSED
+
+
+def test_arm_names_are_text_not_markup_or_mathtext(tmp_path):
+    """Old code: rich read '[/]' as a closing tag (MarkupError); matplotlib a '$' as a formula."""
+    rng = random.Random(13)
+    fake_run(tmp_path, "0", noisy(100, 23, rng), dispatcher="[/]$\\frac")
+    fake_run(tmp_path, "1", noisy(100, 23, rng), dispatcher="[bold]$x^$")
+    assert compare.main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    assert "[/]$\\frac" in (tmp_path / "out" / "compare.md").read_text()

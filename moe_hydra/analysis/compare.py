@@ -1,34 +1,58 @@
 """``python -m moe_hydra.compare``: matched A/B verdicts with their confidence, acceptance, regression diagnosis.
 
-    python -m moe_hydra.compare DIR [DIR ...] [--variable KEY ...] [--baseline ARM]   verdict per A/B
-    python -m moe_hydra.compare --accept DIR                                          the validation gate
-    python -m moe_hydra.compare --diff RUN_A RUN_B                                    what changed, which wall moved
+    python -m moe_hydra.compare DIR [DIR ...] [--variable KEY ...] [--baseline ARM] [--out DIR]   the A/B verdicts
+    python -m moe_hydra.compare --accept DIR                                                      the validation gate
+    python -m moe_hydra.compare --diff RUN_A RUN_B                                   what changed, which wall moved
 
 Runs (``results.json`` under the directories) are grouped by their contract with the compared variables left
 out: the variables swept by the runs' own multirun, or ``--variable``. Arms of a group differ only in those
 variables by construction; runs that differ in anything else are never compared, and when no group has two
 arms the comparison is refused with the contract diff shown. Statistics: :mod:`moe_hydra.core.stats`.
 
-Output: a table on the terminal, ``compare.md`` and ``compare.png`` (step-time distributions per arm) in the
-first directory. Exit code 0 whatever the verdict; 2 for refusals, 1 for errors. Corrupt, truncated or
-missing results, failed points and plan-only directories are skipped with a warning naming the file.
+Every results.json is read through the schema (:mod:`moe_hydra.core.results`); one that fails it (not an
+object, a step time that is NaN, infinite, zero or negative, a window outside the steps run, a NaN loss, a
+results_version other than 1, ...) is skipped with one warning naming the file and the field, whatever the
+file's own flags claim: in the verdict, in --accept (which then refuses) and in --diff. A run stopped by a
+signal (status interrupted or terminated) is listed, never compared. Failed points and plan-only directories
+are skipped with a warning naming the file.
+
+A run is counted once: files with the same run_id, the same file reached twice (``D D``, ``D D/0``) and files
+with identical step times (a copy of a run written before run_id existed) are one run, with a warning
+("counted once: same run_id as ..."). An arm that was given a run more than once gets no verdict: the
+command's arms are not what it named; pass each run once.
+
+With one run per arm, the steps of its window are the samples and a difference counts only beyond the
+run-to-run noise (hardware.run_to_run_noise, or --noise-floor): step times say nothing about a second run of
+the same config. Repeat the arms (repeat=0,1,2) and the run is the unit, its variance measured.
+
+Output: a table on the terminal, and ``compare.md`` and ``compare.png`` (step-time distributions per arm) in
+``--out``, by default the first directory when it is writable, else the current directory; the paths are
+printed. Exit code 0 whatever the verdict; 1 for an error (the output could not be written); 2 for a refusal
+or bad input (nothing to compare, no complete run to accept, a bad --noise-floor).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
+import os
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from moe_hydra.core import contract as contracts
-from moe_hydra.core import stats
+from moe_hydra.core import results, stats
 
-EXIT_REFUSED = 2
+EXIT_ERROR, EXIT_REFUSED = 1, 2
 NOT_ARM_VARIABLES = ("repeat",)  # swept to repeat an arm, not to make one
+NEED = ("contract", "contract_hash", "loss")  # what every use of a complete run reads (results.problems)
+DUPLICATED = "none: a run was given more than once"  # the verdict of an arm built from duplicated input
+
+Warn = Callable[[str], None]
 
 
 class Refused(Exception):
@@ -39,10 +63,11 @@ class Refused(Exception):
 class Run:
     path: Path
     results: dict[str, Any]
+    copies: list[Path] = field(default_factory=list)  # other results.json files of this run, counted once
 
     @property
     def window_steps(self) -> list[float]:
-        first, last = self.results["window"]
+        first, last = results.measured_window(self.results) or (1, 0)
         return self.results["step_times_ms"][first - 1:last]
 
     @property
@@ -50,33 +75,84 @@ class Run:
         return sum(self.window_steps) / len(self.window_steps)
 
 
-def load(dirs: list[Path], warn) -> list[Run]:
-    """Every complete run under ``dirs``; everything else is skipped with a warning naming the file."""
-    runs = []
+@dataclass
+class Loaded:
+    """What the directories hold, each run once: ``runs`` complete (compared), ``stopped`` by a signal (listed,
+    never compared), ``rejected`` the reasons results.json files were not used (against the schema, failed)."""
+
+    runs: list[Run] = field(default_factory=list)
+    stopped: list[Run] = field(default_factory=list)
+    rejected: list[str] = field(default_factory=list)
+
+
+def _files(dirs: list[Path], warn: Warn) -> Iterator[Path]:
+    """Every results.json under ``dirs`` (a directory's own, else its points'); plan-only points are warned."""
     for d in dirs:
-        if not d.exists():
-            warn(f"skipped {d}: no such directory")
+        try:
+            if not d.is_dir():
+                warn(f"skipped {d}: {'not a directory' if d.exists() else 'no such directory'}")
+                continue
+            found = [d / "results.json"] if (d / "results.json").exists() else sorted(
+                p for p in d.rglob("results.json") if "wandb" not in p.parts)
+            plans = {p.parent for p in d.rglob("plan.json")} - {p.parent for p in found}
+        except OSError as e:
+            warn(f"skipped {d}: {e.strerror or type(e).__name__}")
             continue
-        found = [d / "results.json"] if (d / "results.json").exists() else sorted(
-            p for p in d.rglob("results.json") if "wandb" not in p.parts)
-        plans = {p.parent for p in d.rglob("plan.json")} - {p.parent for p in found}
         for p in sorted(plans):
             warn(f"skipped {p}: a plan without results (stage=plan, or a point that never ran)")
-        for path in found:
-            try:
-                res = json.loads(path.read_text())
-            except (OSError, ValueError) as e:
-                warn(f"skipped {path}: unreadable or truncated ({type(e).__name__})")
-                continue
-            if res.get("status") != "ok":
-                warn(f"skipped {path}: status {res.get('status')!r} ({str(res.get('error', ''))[:120]})")
-                continue
-            missing = [k for k in ("contract", "step_times_ms", "window", "contract_hash") if k not in res]
-            if missing:
-                warn(f"skipped {path}: missing {', '.join(missing)}")
-                continue
-            runs.append(Run(path.parent, res))
-    return runs
+        yield from found
+
+
+def _identities(path: Path, res: dict[str, Any]) -> list[tuple[str, Any]]:
+    """What makes a run the same run: its file; its run_id; without one (version 0), its step times under its
+    contract (no two runs time every step alike, so a copy of an old run is found in any directory)."""
+    keys: list[tuple[str, Any]] = [("file", os.path.realpath(path))]
+    if "run_id" in res:
+        return keys + [("run_id", res["run_id"])]
+    times = tuple(res.get("step_times_ms") or ())
+    return keys + ([("step times", (contracts.digest(res.get("contract") or {}), times))] if times else [])
+
+
+def _stop(run: Run) -> str:
+    """A stopped run, told: its file, status, signal, and how much of its window it measured."""
+    r = run.results
+    window = results.measured_window(r)
+    return (f"{run.path / 'results.json'}: status {r['status']} ({r.get('signal') or 'no signal named'}) after "
+            f"{r['steps']} steps; window {r['window']}, "
+            + (f"steps {window[0]}..{window[1]} measured" if window else "none of it measured")
+            + ": a stopped run is never compared or accepted")
+
+
+def load(dirs: list[Path], warn: Warn) -> Loaded:
+    """Every run under ``dirs``, each counted once; anything not compared is warned, naming the file."""
+    loaded, seen = Loaded(), {}
+
+    def reject(message: str) -> None:
+        loaded.rejected.append(message)
+        warn(f"skipped {message}")
+
+    for path in _files(dirs, warn):
+        res, problem = results.read(path, NEED)
+        if problem:
+            reject(problem)
+            continue
+        keys = _identities(path, res)
+        same = next(((what, seen[(what, key)]) for what, key in keys if (what, key) in seen), None)
+        if same:
+            what, run = same
+            run.copies.append(path)
+            warn(f"{path} counted once: same {what} as {run.path / 'results.json'}")
+            continue
+        run = Run(path.parent, res)
+        seen.update({k: run for k in keys})
+        if res["status"] == results.OK:
+            loaded.runs.append(run)
+        elif res["status"] in results.STOPPED:
+            loaded.stopped.append(run)
+            warn(f"not compared: {_stop(run)}")
+        else:
+            reject(f"{path}: status {res['status']!r} ({str(res.get('error', ''))[:120]})")
+    return loaded
 
 
 def _select(tree: dict[str, Any], key: str) -> Any:
@@ -88,13 +164,17 @@ def _select(tree: dict[str, Any], key: str) -> Any:
     return node
 
 
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict):
-        out: dict[str, Any] = {}
-        for k, v in tree.items():
-            out.update(_flat(v, f"{prefix}.{k}" if prefix else k))
-        return out
-    return {prefix: tree}
+def _flat(tree: Any) -> dict[str, Any]:
+    """Dotted key -> leaf; iterative, so no nesting in a file can exhaust the stack."""
+    out: dict[str, Any] = {}
+    stack = [("", tree)]
+    while stack:
+        prefix, node = stack.pop()
+        if isinstance(node, dict):
+            stack += [(f"{prefix}.{k}" if prefix else k, v) for k, v in node.items()]
+        else:
+            out[prefix] = node
+    return out
 
 
 def contract_diff(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
@@ -125,17 +205,44 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
 
 
+def _floor(members: list[Run], noise_floor: float | None) -> float:
+    """Run-to-run noise for one-run arms: ``noise_floor``, else the largest hardware.run_to_run_noise (schema: a
+    fraction in [0, 1]) of the runs, else 0."""
+    if noise_floor is not None:
+        return noise_floor
+    return max(float(_select(r.results["contract"], "hardware.run_to_run_noise") or 0.0) for r in members)
+
+
+def _effect(comp: Comparison, name: str, by_runs: bool, floor: float) -> stats.Effect | None:
+    """``name`` against the baseline; None (with a note) when an arm has fewer than 2 samples."""
+    base = comp.arms[comp.baseline]
+    if by_runs:
+        a, b = [r.window_mean for r in base], [r.window_mean for r in comp.arms[name]]
+    else:
+        a = [t for r in base for t in r.window_steps]
+        b = [t for r in comp.arms[name] for t in r.window_steps]
+    if len(a) < 2 or len(b) < 2:
+        comp.notes.append(f"{name}: no comparison, {len(a)} and {len(b)} steady samples (Welch needs 2 per arm)")
+        return None
+    effect = stats.welch(a, b, "runs" if by_runs else "steps", floor=floor)
+    if any(r.copies for r in (*base, *comp.arms[name])):
+        return dataclasses.replace(effect, verdict=DUPLICATED)
+    return effect
+
+
 def compare(runs: list[Run], variables: list[str] | None = None, baseline: str | None = None,
             noise_floor: float | None = None) -> list[Comparison]:
-    """A/B comparisons of ``runs`` over ``variables`` (default: what the runs' multiruns swept).
+    """A/B comparisons of ``runs`` (distinct complete runs, as :func:`load` gives them) over ``variables``
+    (default: what the runs' multiruns swept).
 
-    ``noise_floor``: run-to-run noise for one-run arms (default: the hardware's ``run_to_run_noise``).
+    ``noise_floor``: run-to-run noise for one-run arms (default: the hardware's ``run_to_run_noise``). An arm
+    holding a run that was given more than once (``Run.copies``) gets the verdict :data:`DUPLICATED`.
 
     Raises:
         Refused: no two runs share a contract apart from the variables, or there is nothing to compare.
     """
     if len(runs) < 2:
-        raise Refused(f"{len(runs)} complete run(s): an A/B needs at least two")
+        raise Refused(f"{len(runs)} distinct complete run(s): an A/B needs at least two")
     if not variables:
         variables = sorted({k for r in runs for k in r.results.get("swept", []) if k not in NOT_ARM_VARIABLES})
     if not variables:
@@ -151,23 +258,18 @@ def compare(runs: list[Run], variables: list[str] | None = None, baseline: str |
         if len(arms) < 2:
             continue
         names = list(arms)  # in run order: the sweep's first value is the baseline unless --baseline says
-        base = baseline if baseline in arms else names[0]
-        comp = Comparison(variables, key, arms, base)
+        comp = Comparison(variables, key, arms, baseline if baseline in arms else names[0])
         by_runs = all(len(rs) >= 2 for rs in arms.values())
-        floor = 0.0 if by_runs else (noise_floor if noise_floor is not None else max(
-            float((r.results["contract"].get("hardware") or {}).get("run_to_run_noise") or 0.0) for r in members))
+        floor = 0.0 if by_runs else _floor(members, noise_floor)
         for name in names:
-            if name == base:
-                continue
-            if by_runs:
-                a, b = [r.window_mean for r in arms[base]], [r.window_mean for r in arms[name]]
-            else:
-                a = [t for r in arms[base] for t in r.window_steps]
-                b = [t for r in arms[name] for t in r.window_steps]
-            comp.effects[name] = stats.welch(a, b, "runs" if by_runs else "steps", floor=floor)
+            if name != comp.baseline and (effect := _effect(comp, name, by_runs, floor)):
+                comp.effects[name] = effect
         if not by_runs:
             comp.notes.append(f"one run per arm: a difference counts only beyond the run-to-run noise of {floor:.0%} "
                               "(hardware.run_to_run_noise); repeat the arms (e.g. repeat=0,1,2) for a run-level verdict")
+        if any(e.verdict == DUPLICATED for e in comp.effects.values()):
+            comp.notes.append("a run given more than once was counted once (see the warnings), and the arms holding "
+                              "it get no verdict: the command named arms it did not have; pass each run once")
         out.append(comp)
     if not out:
         a, b = runs[0], next((r for r in runs[1:] if _arm_name(r, variables) != _arm_name(runs[0], variables)), runs[1])
@@ -199,8 +301,9 @@ def acceptance_problems(run: Run, variables: list[str]) -> list[str]:
     loss = r.get("loss", {})
     if not loss.get("all_finite", False):
         problems.append("non-finite loss")
-    if loss.get("nan_or_skipped", 1):
-        problems.append(f"{loss.get('nan_or_skipped')} NaN or skipped steps")
+    skipped = loss.get("nan_or_skipped")
+    if skipped != 0:
+        problems.append(f"{skipped} NaN or skipped steps" if skipped else "loss.nan_or_skipped missing")
     evidence = r.get("evidence") or {}
     for v in variables:
         key = EVIDENCE_FOR.get(v)
@@ -211,20 +314,25 @@ def acceptance_problems(run: Run, variables: list[str]) -> list[str]:
     return problems
 
 
+def _fmt(value: Any, spec: str) -> str:
+    """A number as ``spec``; anything else (null, absent) as it is."""
+    return format(value, spec) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+
+
 def accept(runs: list[Run], variables: list[str]) -> tuple[list[str], list[str]]:
     """(refusals, report lines): the acceptance gate of docs/workflow.md for every run."""
     refusals, report = [], []
     for run in runs:
         problems = acceptance_problems(run, variables)
         refusals += [f"{run.path}: {p}" for p in problems]
-        r = run.results
-        ev = r.get("evidence", {})
+        r, loss = run.results, run.results["loss"]
         report.append(
-            f"{run.path}\n  label {r.get('label')}; contract {r.get('contract_hash')}; {r['steps']} steps, window "
-            f"{r['window']}\n  step {r['step_time_ms']:.2f} ms, {r['tokens_per_s_per_gpu']:.1f} tokens/s/GPU, "
-            f"{r['tflops_per_gpu']:.4f} TFLOP/s/GPU, MFU {r.get('mfu')}\n  loss {r['loss']['first']:.4f} -> "
-            f"{r['loss']['last']:.4f}, finite {r['loss']['all_finite']}, NaN/skipped {r['loss']['nan_or_skipped']}\n"
-            f"  peak memory {r.get('peak_memory_gib')}\n  evidence: {json.dumps(ev, sort_keys=True)}")
+            f"{run.path}\n  label {r.get('label')}; contract {r['contract_hash']}; {r['steps']} steps, window "
+            f"{r['window']}\n  step {run.window_mean:.2f} ms (window mean), "
+            f"{_fmt(r.get('tokens_per_s_per_gpu'), '.1f')} tokens/s/GPU, {_fmt(r.get('tflops_per_gpu'), '.4f')} "
+            f"TFLOP/s/GPU, MFU {r.get('mfu')}\n  loss {loss['first']:.4f} -> {loss['last']:.4f}, finite "
+            f"{loss.get('all_finite')}, NaN/skipped {loss.get('nan_or_skipped')}\n"
+            f"  peak memory {r.get('peak_memory_gib')}\n  evidence: {json.dumps(r.get('evidence'), sort_keys=True)}")
     return refusals, report
 
 
@@ -239,14 +347,32 @@ def _memory(r: dict[str, Any]) -> float | None:
     return m.get("reserved") or m.get("allocated") or m.get("rss")
 
 
-def diagnose(a: Run, b: Run) -> dict[str, Any]:
+def _env(run: Run, warn: Warn) -> dict[str, Any]:
+    """The run's env.json; {} (with a warning) when it is absent, unreadable or not a JSON object."""
+    path = run.path / "env.json"
+    if not path.exists():
+        return {}
+    try:
+        env = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        warn(f"{path}: unreadable or not JSON ({type(e).__name__}); its environment is left out of the diff")
+        return {}
+    problem = "not a JSON object" if not isinstance(env, dict) else results.unfit(env)
+    if problem:
+        warn(f"{path}: {problem}; its environment is left out of the diff")
+        return {}
+    return env
+
+
+def diagnose(a: Run, b: Run, warn: Warn) -> dict[str, Any]:
+    """What differs between two complete runs: config, environment (env.json; a corrupt one is warned and left
+    out), metrics, and which wall moved."""
     ra, rb = a.results, b.results
     order = ["parallel", "dispatcher", "routing", "precision", "recompute", "offload", "kernels", "overlap", "train",
              "timing", "model", "optimizer", "data", "hardware", "launcher", "software", "seed"]
     config = sorted(contract_diff(ra["contract"], rb["contract"]),
                     key=lambda d: (order.index(d[0].split(".")[0]) if d[0].split(".")[0] in order else len(order), d[0]))
-    ea = json.loads((a.path / "env.json").read_text()) if (a.path / "env.json").exists() else {}
-    eb = json.loads((b.path / "env.json").read_text()) if (b.path / "env.json").exists() else {}
+    ea, eb = _env(a, warn), _env(b, warn)
     env_keys = ("versions", "env", "runtime", "slurm", "hostname", "git")
     env = contract_diff({k: ea.get(k) for k in env_keys}, {k: eb.get(k) for k in env_keys})
     metrics = {}
@@ -276,7 +402,7 @@ def diagnose(a: Run, b: Run) -> dict[str, Any]:
 # --------------------------------------------------------------------------- output
 
 def _pct(x: float) -> str:
-    return "inf" if math.isinf(x) else f"{x:+.2%}"
+    return f"{x:+.2%}" if math.isfinite(x) else str(x)
 
 
 def _markdown(comps: list[Comparison], warnings: list[str]) -> str:
@@ -297,6 +423,11 @@ def _markdown(comps: list[Comparison], warnings: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _plain(label: str) -> str:
+    """A label matplotlib draws as written: "$" would start mathtext (and a bad formula fails at savefig)."""
+    return label.replace("$", r"\$")
+
+
 def _plot(comps: list[Comparison], path: Path) -> None:
     import matplotlib
 
@@ -308,15 +439,17 @@ def _plot(comps: list[Comparison], path: Path) -> None:
         names = list(c.arms)
         data = [[t for r in c.arms[n] for t in r.window_steps] for n in names]
         ax.boxplot(data, showmeans=True)
-        ax.set_xticks(range(1, len(names) + 1), [n if len(n) < 30 else n[:27] + "..." for n in names], rotation=15)
+        labels = [_plain(n if len(n) < 30 else n[:27] + "...") for n in names]
+        ax.set_xticks(range(1, len(names) + 1), labels, rotation=15)
         ax.set_ylabel("steady-window step time (ms)")
-        ax.set_title(f"{', '.join(c.variables)} [{c.contract_hash[:8]}]")
+        ax.set_title(_plain(f"{', '.join(c.variables)} [{c.contract_hash[:8]}]"))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
 def _table(comps: list[Comparison]):
+    from rich.markup import escape
     from rich.table import Table
 
     t = Table(title="A/B verdicts (steady-window step time; 95% CI, Welch)", title_justify="left")
@@ -325,11 +458,64 @@ def _table(comps: list[Comparison]):
     for c in comps:
         for name, e in c.effects.items():
             color = {"faster": "green", "slower": "red"}.get(e.verdict, "yellow")
-            t.add_row(", ".join(c.variables), f"{c.baseline} ({e.mean_a_ms:.2f} ms, n={e.n_a})",
-                      f"{name} ({e.mean_b_ms:.2f} ms, n={e.n_b})", e.unit, _pct(e.rel_step_time),
-                      f"[{_pct(e.ci_low)}, {_pct(e.ci_high)}]", _pct(e.rel_tokens_per_s), f"{e.mde:.2%}",
-                      f"[{color}]{e.verdict}")
+            t.add_row(escape(", ".join(c.variables)), escape(f"{c.baseline} ({e.mean_a_ms:.2f} ms, n={e.n_a})"),
+                      escape(f"{name} ({e.mean_b_ms:.2f} ms, n={e.n_b})"), e.unit, _pct(e.rel_step_time),
+                      escape(f"[{_pct(e.ci_low)}, {_pct(e.ci_high)}]"), _pct(e.rel_tokens_per_s), f"{e.mde:.2%}",
+                      f"[{color}]{escape(e.verdict)}")
     return t
+
+
+def _fraction(text: str) -> float:
+    """--noise-floor: a relative noise, 0 <= x < 1 (argparse refuses anything else with exit code 2)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction in [0, 1), e.g. 0.02")
+    return value
+
+
+def _out_dir(args: argparse.Namespace) -> Path:
+    """--out, else the first directory when it is writable, else the current directory."""
+    if args.out is not None:
+        return args.out
+    first = args.dirs[0]
+    return first if first.is_dir() and os.access(first, os.W_OK) else Path.cwd()
+
+
+def _write(comps: list[Comparison], warnings: list[str], out_dir: Path) -> list[Path]:
+    """compare.md and compare.png in ``out_dir`` (created); their paths.
+
+    Raises:
+        OSError: ``out_dir`` cannot be created or written.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md, png = out_dir / "compare.md", out_dir / "compare.png"
+    md.write_text(_markdown(comps, warnings), encoding="utf-8", errors="replace")
+    _plot(comps, png)
+    return [md, png]
+
+
+def _print_diff(out, report: dict[str, Any]) -> None:
+    """--diff's report on the console ``out``; values from the files are printed as text, never as markup."""
+    out.print(f"[bold]config[/bold] ({len(report['config'])} differences, first differing knob first)")
+    for k, va, vb in report["config"]:
+        out.print(f"  {k}: {va!r} -> {vb!r}", highlight=False, markup=False)
+    out.print(f"[bold]environment[/bold] ({len(report['env'])} differences)")
+    for k, va, vb in report["env"]:
+        out.print(f"  {k}: {va!r} -> {vb!r}", highlight=False, markup=False)
+    out.print("[bold]metrics[/bold]")
+    for k, (va, vb, rel) in report["metrics"].items():
+        out.print(f"  {k}: {va} -> {vb}" + (f" ({rel:+.2%})" if rel is not None else ""), highlight=False)
+    out.print("[bold]walls[/bold]")
+    for wall, verdict in report["walls"].items():
+        out.print(f"  {wall}: {verdict}", highlight=False)
+
+
+def _not_compared(loaded: Loaded) -> list[str]:
+    """Why the results.json files that were found are not in the comparison (for --accept and --diff)."""
+    return loaded.rejected + [_stop(r) for r in loaded.stopped]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -338,8 +524,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("dirs", nargs="+", type=Path, help="sweep or run directories")
     ap.add_argument("--variable", action="append", help="the variable under test (override key); repeatable")
     ap.add_argument("--baseline", help="the baseline arm, e.g. 'dispatcher=alltoall'")
-    ap.add_argument("--noise-floor", type=float, help="run-to-run noise for one-run arms, relative "
+    ap.add_argument("--noise-floor", type=_fraction, help="run-to-run noise for one-run arms, relative, in [0, 1) "
                     "(default: hardware.run_to_run_noise of the runs)")
+    ap.add_argument("--out", type=Path, help="where compare.md and compare.png go (created; default: the first "
+                    "directory when writable, else the current directory)")
     ap.add_argument("--accept", action="store_true", help="the acceptance gate of the validate phase")
     ap.add_argument("--diff", action="store_true", help="regression diagnosis of two run directories")
     args = ap.parse_args(argv)
@@ -352,33 +540,24 @@ def main(argv: list[str] | None = None) -> int:
         warnings.append(message)
         print(f"moe_hydra.compare: warning: {message}", file=sys.stderr)
 
-    runs = load(args.dirs, warn)
+    loaded = load(args.dirs, warn)
+    runs = loaded.runs
     try:
         if args.diff:
             if len(args.dirs) != 2 or len(runs) != 2:
-                raise Refused(f"--diff takes two run directories with complete results ({len(runs)} found)")
-            report = diagnose(*runs)
-            out.print(f"[bold]config[/bold] ({len(report['config'])} differences, first differing knob first)")
-            for k, va, vb in report["config"]:
-                out.print(f"  {k}: {va!r} -> {vb!r}", highlight=False, markup=False)
-            out.print(f"[bold]environment[/bold] ({len(report['env'])} differences)")
-            for k, va, vb in report["env"]:
-                out.print(f"  {k}: {va!r} -> {vb!r}", highlight=False, markup=False)
-            out.print("[bold]metrics[/bold]")
-            for k, (va, vb, rel) in report["metrics"].items():
-                out.print(f"  {k}: {va} -> {vb}" + (f" ({rel:+.2%})" if rel is not None else ""), highlight=False)
-            out.print("[bold]walls[/bold]")
-            for wall, verdict in report["walls"].items():
-                out.print(f"  {wall}: {verdict}", highlight=False)
+                raise Refused(f"--diff takes two run directories with complete, distinct results ({len(runs)} found)"
+                              + "".join(f"\n  {m}" for m in _not_compared(loaded)))
+            _print_diff(out, diagnose(*runs, warn))
             return 0
         variables = args.variable or sorted({k for r in runs for k in r.results.get("swept", [])
                                              if k not in NOT_ARM_VARIABLES})
         if args.accept:
             refusals, report = accept(runs, variables)
-            if not runs:
-                raise Refused("no complete run to accept")
+            refusals = _not_compared(loaded) + refusals  # a directory under the gate holds nothing unusable
             if refusals:
                 raise Refused("not accepted:\n  " + "\n  ".join(refusals))
+            if not runs:
+                raise Refused("no complete run to accept")
             out.print("[bold green]accepted[/bold green] — evidence bundle:")
             for block in report:
                 out.print(block, highlight=False, markup=False)
@@ -390,10 +569,13 @@ def main(argv: list[str] | None = None) -> int:
     out.print(_table(comps))
     for c in comps:
         for n in c.notes:
-            out.print(f"note: {n}", highlight=False)
-    first = args.dirs[0] if args.dirs[0].is_dir() else args.dirs[0].parent
-    (first / "compare.md").write_text(_markdown(comps, warnings))
-    _plot(comps, first / "compare.png")
-    out.print(f"written: {first / 'compare.md'}, {first / 'compare.png'}", highlight=False)
+            out.print(f"note: {n}", highlight=False, markup=False)
+    out_dir = _out_dir(args)
+    try:
+        written = _write(comps, warnings, out_dir)
+    except OSError as e:
+        print(f"moe_hydra.compare: error: cannot write compare.md, compare.png to {out_dir}: "
+              f"{e.strerror or e}; choose a directory with --out DIR", file=sys.stderr)
+        return EXIT_ERROR
+    out.print(f"written: {', '.join(map(str, written))}", highlight=False, markup=False)
     return 0
-

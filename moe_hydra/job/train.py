@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_hydra.core import metrics
+from moe_hydra.core import results as results_schema
 from moe_hydra.core.io import write_json
 from moe_hydra.core.resolved import Resolved
 from moe_hydra.core.versions import mcore_facts
@@ -49,8 +50,7 @@ from moe_hydra.core.versions import mcore_facts
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
-RESULTS_VERSION = 1
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
+STOP_SIGNALS = tuple(signal.Signals[name] for name in results_schema.SIGNALS)
 
 
 class Stopped(Exception):
@@ -99,7 +99,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any] | None:
     out_dir = Path(spec["out_dir"])
     rank = int(os.environ.get("RANK", "0"))
     _warnings_to_file(out_dir / "ranks" / f"warnings.rank{rank}.log")
-    stamp = {"results_version": RESULTS_VERSION, "run_id": spec.get("run_id") or uuid.uuid4().hex}
+    stamp = {"results_version": results_schema.RESULTS_VERSION, "run_id": spec.get("run_id") or uuid.uuid4().hex}
     results = None
     with Signals() as signals:
         job = Job(r, spec["plan"], spec.get("env"), signals, stamp)

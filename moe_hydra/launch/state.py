@@ -6,8 +6,12 @@ Slurm, from Slurm itself (sacct through submitit) — never from a log line that
 ``sweep.json`` (in the sweep directory) holds one entry per point:
     num, overrides, dir, state, slurm_job_id, step_time_ms, tokens_per_s_per_gpu, error, logs
 States: COMPLETED (results.json status ok), KEPT (a complete results.json from an earlier launch
-into the same directory), INVALID (refused before launch), FAILED, TIMEOUT, CANCELLED, OUT_OF_MEMORY,
-PENDING, RUNNING, UNKNOWN (Slurm's own names where Slurm decided).
+into the same directory), INVALID (refused before launch), INTERRUPTED and TERMINATED (results.json status
+interrupted or terminated: stopped by SIGINT, or by SIGTERM/SIGUSR2, with the steps measured so far), FAILED,
+TIMEOUT, CANCELLED, OUT_OF_MEMORY, PENDING, RUNNING, UNKNOWN (Slurm's own names where Slurm decided; UNKNOWN
+also for a results.json that fails its schema, :mod:`moe_hydra.core.results`, with the warning as the error).
+A local multirun writes no ``sweep.json``: ``status`` reads its point directories instead, where a
+``stage=plan`` point is PLANNED.
 
     python -m moe_hydra.sweep status outputs/multirun/<date>/<time>
 """
@@ -22,9 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from moe_hydra.core.io import console, read_json, write_json
+from moe_hydra.core.results import OK, STOPPED
+from moe_hydra.core.results import read as read_results
 
 OK_STATES = ("COMPLETED", "KEPT")
 ACTIVE_STATES = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING")
+STOPPED_STATES = {status: status.upper() for status in STOPPED}  # results.json status -> state: INTERRUPTED, ...
 
 
 # ----------------------------------------------------------------------------- outcomes as Hydra JobReturns
@@ -89,13 +96,35 @@ class Point:
 
     @property
     def ok(self) -> bool:
-        return self.state in OK_STATES
+        return self.state in (*OK_STATES, "PLANNED")
+
+
+def point_results(point_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """The point's results.json read through its schema: ``(results, None)``, ``(None, warning)`` naming the file
+    and the field when it fails it, ``(None, None)`` when there is none."""
+    path = point_dir / "results.json"
+    return read_results(path) if path.exists() else (None, None)
 
 
 def complete_results(point_dir: Path) -> dict[str, Any] | None:
     """The point's results.json when it records a complete, successful run."""
-    res = read_json(point_dir / "results.json")
-    return res if res and res.get("status") == "ok" and res.get("stage") == "run" else None
+    res, _ = point_results(point_dir)
+    return res if res and res["status"] == OK and res.get("stage") == "run" else None
+
+
+def results_outcome(point_dir: Path) -> tuple[str, str] | None:
+    """(state, error) that results.json tells of a run that did not complete: INTERRUPTED or TERMINATED with the
+    signal and the steps measured, FAILED with the error, UNKNOWN with the warning of a file that fails its schema;
+    None without results.json or when it records a complete run."""
+    res, warning = point_results(point_dir)
+    if warning:
+        return "UNKNOWN", f"results.json unusable: {warning}"
+    if res is None or res["status"] == OK:
+        return None
+    if res["status"] in STOPPED:
+        return STOPPED_STATES[res["status"]], (f"stopped by {res.get('signal') or 'a signal'} after {res['steps']} "
+                                               f"steps (results.json status {res['status']})")
+    return "FAILED", str(res.get("error") or f"results.json: status {res['status']}")
 
 
 def fill_from_results(p: Point, res: dict[str, Any] | None) -> None:
@@ -160,7 +189,7 @@ def status(sweep_dir: Path) -> list[Point]:
     """The sweep's points, refreshed from the files they wrote and from Slurm."""
     data = read_json(sweep_dir / "sweep.json")
     if data is None:
-        raise FileNotFoundError(f"{sweep_dir / 'sweep.json'} is missing or unreadable (is this a sweep directory?)")
+        return local_points(sweep_dir)
     points = [Point(**p) for p in data["points"]]
     live = _sacct_states([p.slurm_job_id for p in points if p.slurm_job_id and p.state in ACTIVE_STATES])
     for p in points:
@@ -170,7 +199,56 @@ def status(sweep_dir: Path) -> list[Point]:
             fill_from_results(p, res)
         elif p.slurm_job_id in live:
             p.state = live[p.slurm_job_id]
+        elif p.state in ("FAILED", "UNKNOWN", *OK_STATES, *ACTIVE_STATES) and (told := results_outcome(Path(p.dir))):
+            p.state, p.error = told  # what the run wrote; Slurm's own word (TIMEOUT, CANCELLED, ...) stays
     return points
+
+
+def local_points(sweep_dir: Path) -> list[Point]:
+    """The points of a sweep that has no ``sweep.json`` (a local multirun), read from their directories: every job
+    directory Hydra made for a point (``.hydra/``: its number, overrides and stage) and the files the point wrote.
+    A point Hydra could not compose has no directory; the sweep's own summary named it.
+
+    Raises:
+        FileNotFoundError: ``sweep_dir`` has neither ``sweep.json`` nor a point directory.
+    """
+    from omegaconf import OmegaConf
+
+    points = []
+    for hydra_dir in sorted(sweep_dir.glob("*/.hydra")):
+        num = OmegaConf.select(OmegaConf.load(hydra_dir / "hydra.yaml"), "hydra.job.num", default=None)
+        if num is None:  # a single run's directory
+            continue
+        p = Point(num=num, overrides=list(OmegaConf.load(hydra_dir / "overrides.yaml")), dir=str(hydra_dir.parent))
+        p.state, p.error = _local_outcome(hydra_dir.parent, OmegaConf.load(hydra_dir / "config.yaml").get("stage"))
+        fill_from_results(p, complete_results(hydra_dir.parent))
+        points.append(p)
+    if not points:
+        raise FileNotFoundError(f"{sweep_dir} has no sweep.json and no point directories (is this a sweep directory?)")
+    return points
+
+
+def _local_outcome(point_dir: Path, stage: str | None) -> tuple[str, str | None]:
+    """(state, error) of a point from the files it wrote: results.json (stage=run), fit.json (stage=fit),
+    violations.json (refused), plan.json (stage=plan)."""
+    if complete_results(point_dir):
+        return "COMPLETED", None
+    refusal = read_json(point_dir / "violations.json")
+    if refusal:
+        return "INVALID", "\n".join(f"[{v['rule']}] {v['message']}" for v in refusal.get("violations", []))
+    told = results_outcome(point_dir)
+    if told:
+        return told
+    fit = read_json(point_dir / "fit.json") if stage == "fit" else None
+    if fit:
+        if fit.get("agree"):
+            return "COMPLETED", None
+        if fit.get("refused"):
+            return "INVALID", "\n".join(fit["refused"])
+        return "FAILED", f"the estimator and Megatron-Core's build disagree (see {point_dir / 'fit.json'})"
+    if stage == "plan" and (point_dir / "plan.json").exists():
+        return "PLANNED", None
+    return "UNKNOWN", f"no outcome yet: running, or stopped before writing one (see {point_dir / 'app.log'})"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,7 +25,7 @@ With one run per arm, the steps of its window are the samples and a difference c
 run-to-run noise (hardware.run_to_run_noise, or --noise-floor): step times say nothing about a second run of
 the same config. Repeat the arms (repeat=0,1,2) and the run is the unit, its variance measured.
 
-Output: a table on the terminal, and ``compare.md`` and ``compare.png`` (step-time distributions per arm) in
+Output (:mod:`moe_hydra.analysis.report`): a table on the terminal, and ``compare.md`` and ``compare.png`` (step-time distributions per arm) in
 ``--out``, by default the first directory when it is writable, else the current directory; the paths are
 printed. Exit code 0 whatever the verdict; 1 for an error (the output could not be written); 2 for a refusal
 or bad input (nothing to compare, no complete run to accept, a bad --noise-floor).
@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moe_hydra.analysis import report
 from moe_hydra.core import contract as contracts
 from moe_hydra.core import results, stats
 
@@ -399,72 +400,6 @@ def diagnose(a: Run, b: Run, warn: Warn) -> dict[str, Any]:
     return {"config": config, "env": env, "metrics": metrics, "walls": walls}
 
 
-# --------------------------------------------------------------------------- output
-
-def _pct(x: float) -> str:
-    return f"{x:+.2%}" if math.isfinite(x) else str(x)
-
-
-def _markdown(comps: list[Comparison], warnings: list[str]) -> str:
-    lines = ["# moe_hydra compare", ""]
-    for c in comps:
-        lines += [f"## {', '.join(c.variables)} (contract {c.contract_hash}), baseline `{c.baseline}`", "",
-                  "| arm | runs | step ms | step time vs baseline (95% CI) | tokens/s/GPU vs baseline (95% CI) | MDE | "
-                  "verdict |", "|---|---|---|---|---|---|---|"]
-        base_ms = sum(r.window_mean for r in c.arms[c.baseline]) / len(c.arms[c.baseline])
-        lines.append(f"| {c.baseline} | {len(c.arms[c.baseline])} | {base_ms:.2f} | baseline | baseline | | |")
-        for name, e in c.effects.items():
-            lines.append(f"| {name} | {len(c.arms[name])} | {e.mean_b_ms:.2f} | {_pct(e.rel_step_time)} "
-                         f"[{_pct(e.ci_low)}, {_pct(e.ci_high)}] | {_pct(e.rel_tokens_per_s)} [{_pct(e.tokens_ci_low)}, "
-                         f"{_pct(e.tokens_ci_high)}] | {e.mde:.2%} | {e.verdict} (unit: {e.unit}, p={e.p_value:.3g}) |")
-        lines += [""] + [f"> {n}" for n in c.notes] + [""]
-    if warnings:
-        lines += ["## Skipped", ""] + [f"- {w}" for w in warnings]
-    return "\n".join(lines) + "\n"
-
-
-def _plain(label: str) -> str:
-    """A label matplotlib draws as written: "$" would start mathtext (and a bad formula fails at savefig)."""
-    return label.replace("$", r"\$")
-
-
-def _plot(comps: list[Comparison], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(comps), figsize=(6 * len(comps), 4), squeeze=False)
-    for ax, c in zip(axes[0], comps):
-        names = list(c.arms)
-        data = [[t for r in c.arms[n] for t in r.window_steps] for n in names]
-        ax.boxplot(data, showmeans=True)
-        labels = [_plain(n if len(n) < 30 else n[:27] + "...") for n in names]
-        ax.set_xticks(range(1, len(names) + 1), labels, rotation=15)
-        ax.set_ylabel("steady-window step time (ms)")
-        ax.set_title(_plain(f"{', '.join(c.variables)} [{c.contract_hash[:8]}]"))
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def _table(comps: list[Comparison]):
-    from rich.markup import escape
-    from rich.table import Table
-
-    t = Table(title="A/B verdicts (steady-window step time; 95% CI, Welch)", title_justify="left")
-    for col in ("variable", "baseline", "candidate", "unit", "step time", "95% CI", "tokens/s/GPU", "MDE", "verdict"):
-        t.add_column(col)
-    for c in comps:
-        for name, e in c.effects.items():
-            color = {"faster": "green", "slower": "red"}.get(e.verdict, "yellow")
-            t.add_row(escape(", ".join(c.variables)), escape(f"{c.baseline} ({e.mean_a_ms:.2f} ms, n={e.n_a})"),
-                      escape(f"{name} ({e.mean_b_ms:.2f} ms, n={e.n_b})"), e.unit, _pct(e.rel_step_time),
-                      escape(f"[{_pct(e.ci_low)}, {_pct(e.ci_high)}]"), _pct(e.rel_tokens_per_s), f"{e.mde:.2%}",
-                      f"[{color}]{escape(e.verdict)}")
-    return t
-
-
 def _fraction(text: str) -> float:
     """--noise-floor: a relative noise, 0 <= x < 1 (argparse refuses anything else with exit code 2)."""
     try:
@@ -482,35 +417,6 @@ def _out_dir(args: argparse.Namespace) -> Path:
         return args.out
     first = args.dirs[0]
     return first if first.is_dir() and os.access(first, os.W_OK) else Path.cwd()
-
-
-def _write(comps: list[Comparison], warnings: list[str], out_dir: Path) -> list[Path]:
-    """compare.md and compare.png in ``out_dir`` (created); their paths.
-
-    Raises:
-        OSError: ``out_dir`` cannot be created or written.
-    """
-    out_dir.mkdir(parents=True, exist_ok=True)
-    md, png = out_dir / "compare.md", out_dir / "compare.png"
-    md.write_text(_markdown(comps, warnings), encoding="utf-8", errors="replace")
-    _plot(comps, png)
-    return [md, png]
-
-
-def _print_diff(out, report: dict[str, Any]) -> None:
-    """--diff's report on the console ``out``; values from the files are printed as text, never as markup."""
-    out.print(f"[bold]config[/bold] ({len(report['config'])} differences, first differing knob first)")
-    for k, va, vb in report["config"]:
-        out.print(f"  {k}: {va!r} -> {vb!r}", highlight=False, markup=False)
-    out.print(f"[bold]environment[/bold] ({len(report['env'])} differences)")
-    for k, va, vb in report["env"]:
-        out.print(f"  {k}: {va!r} -> {vb!r}", highlight=False, markup=False)
-    out.print("[bold]metrics[/bold]")
-    for k, (va, vb, rel) in report["metrics"].items():
-        out.print(f"  {k}: {va} -> {vb}" + (f" ({rel:+.2%})" if rel is not None else ""), highlight=False)
-    out.print("[bold]walls[/bold]")
-    for wall, verdict in report["walls"].items():
-        out.print(f"  {wall}: {verdict}", highlight=False)
 
 
 def _not_compared(loaded: Loaded) -> list[str]:
@@ -547,32 +453,32 @@ def main(argv: list[str] | None = None) -> int:
             if len(args.dirs) != 2 or len(runs) != 2:
                 raise Refused(f"--diff takes two run directories with complete, distinct results ({len(runs)} found)"
                               + "".join(f"\n  {m}" for m in _not_compared(loaded)))
-            _print_diff(out, diagnose(*runs, warn))
+            report.print_diff(out, diagnose(*runs, warn))
             return 0
         variables = args.variable or sorted({k for r in runs for k in r.results.get("swept", [])
                                              if k not in NOT_ARM_VARIABLES})
         if args.accept:
-            refusals, report = accept(runs, variables)
+            refusals, bundle = accept(runs, variables)
             refusals = _not_compared(loaded) + refusals  # a directory under the gate holds nothing unusable
             if refusals:
                 raise Refused("not accepted:\n  " + "\n  ".join(refusals))
             if not runs:
                 raise Refused("no complete run to accept")
             out.print("[bold green]accepted[/bold green] — evidence bundle:")
-            for block in report:
+            for block in bundle:
                 out.print(block, highlight=False, markup=False)
             return 0
         comps = compare(runs, variables, args.baseline, args.noise_floor)
     except Refused as e:
         print(f"moe_hydra.compare: refused: {e}", file=sys.stderr)
         return EXIT_REFUSED
-    out.print(_table(comps))
+    out.print(report.table(comps))
     for c in comps:
         for n in c.notes:
             out.print(f"note: {n}", highlight=False, markup=False)
     out_dir = _out_dir(args)
     try:
-        written = _write(comps, warnings, out_dir)
+        written = report.write(comps, warnings, out_dir)
     except OSError as e:
         print(f"moe_hydra.compare: error: cannot write compare.md, compare.png to {out_dir}: "
               f"{e.strerror or e}; choose a directory with --out DIR", file=sys.stderr)

@@ -191,7 +191,11 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
 
     @staticmethod
     def _settle(p: sweep.Point, job) -> None:
-        res = io.read_json(Path(p.dir) / "results.json")
+        """The point's state from its results.json (read through its schema), submitit's report and Slurm's
+        accounting. A run a signal stopped (SIGUSR2 before the time limit or a preemption, SIGTERM on scancel) is
+        INTERRUPTED / TERMINATED with the steps it measured, unless Slurm has a word of its own for the ending
+        (CANCELLED, TIMEOUT, PREEMPTED, ...), which stays."""
+        res = sweep.complete_results(Path(p.dir))
         state = SlurmLauncherImpl._final_state(job)
         error = None
         try:
@@ -200,15 +204,18 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
                 error = f"{type(outcome._return_value).__name__}: {outcome._return_value}"
         except Exception as e:  # noqa: BLE001 - submitit's own report of a job that did not return
             error = str(e)
-        if res and res.get("status") == "ok" and not error:
+        if res and not error:
             p.state = "COMPLETED"
             sweep.fill_from_results(p, res)
             return
         if "timed-out" in (error or ""):
             state = "TIMEOUT"  # submitit caught Slurm's USR2 near the limit and could not requeue
         p.state = state if state not in ("COMPLETED", "UNKNOWN") else "FAILED"
-        if res and res.get("status") == "failed":
-            error = f"{res.get('error')}\n{res.get('traceback', '')}".strip()
+        told = sweep.results_outcome(Path(p.dir))  # what the run wrote of its ending
+        if told:
+            told_state, error = told
+            if p.state == "FAILED":
+                p.state = told_state
         p.error = (error or "") + ("\n--- stderr tail ---\n" + sweep.tail(Path(p.logs[1])) if p.logs else "")
 
     @staticmethod

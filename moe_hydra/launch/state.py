@@ -124,7 +124,8 @@ def results_outcome(point_dir: Path) -> tuple[str, str] | None:
     if res["status"] in STOPPED:
         return STOPPED_STATES[res["status"]], (f"stopped by {res.get('signal') or 'a signal'} after {res['steps']} "
                                                f"steps (results.json status {res['status']})")
-    return "FAILED", str(res.get("error") or f"results.json: status {res['status']}")
+    return "FAILED", (f"{res.get('error') or 'results.json: status ' + res['status']}\n"
+                      f"{res.get('traceback') or ''}").strip()
 
 
 def fill_from_results(p: Point, res: dict[str, Any] | None) -> None:

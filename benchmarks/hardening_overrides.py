@@ -4,7 +4,8 @@ of the keys it was given), and how long the slowest plan took.
 
 The sets are ``tests/test_overrides_fuzz.py``'s strategy: one to four overrides over every key of the schema and
 every config group (valid and invalid values, NaN, huge numbers, interpolations, deletions, additions). Seeded:
-the same ``--seed`` generates the same sets; ``--workers`` processes each take a share, seeded apart.
+the same ``--seed`` generates the same sets; ``--workers`` processes (this script again, ``--share``) each take a
+share, seeded apart.
 
     python benchmarks/hardening_overrides.py [--sets 10000] [--seed 0] [--workers 2]
 
@@ -15,8 +16,9 @@ from __future__ import annotations
 
 import argparse
 import collections
-import multiprocessing
+import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +38,7 @@ def share(args: tuple[int, int]) -> dict:
 
     out = {"codes": collections.Counter(), "escaped": collections.Counter(), "broken": [], "first": {},
            "seconds": [], "slowest": (0.0, None)}
+    done = [0]
 
     @seed(seed_value)
     @settings(max_examples=n, deadline=None, database=None, phases=[Phase.generate],
@@ -54,6 +57,9 @@ def share(args: tuple[int, int]) -> dict:
                 out["first"].setdefault(type(e).__name__, f"{overrides}\n{traceback.format_exc()}")
             seconds = time.perf_counter() - start
             out["seconds"].append(seconds)
+            done[0] += 1
+            if done[0] % 500 == 0:
+                print(f"seed {seed_value}: {done[0]} of {n} sets", file=sys.__stderr__, flush=True)
             if seconds > out["slowest"][0]:
                 out["slowest"] = (seconds, overrides)
 
@@ -66,14 +72,19 @@ def main() -> int:
     ap.add_argument("--sets", type=int, default=10_000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--share", type=int, nargs=2, metavar=("SETS", "SEED"), help=argparse.SUPPRESS)  # one worker
     args = ap.parse_args()
+    if args.share:
+        print(json.dumps(share(tuple(args.share))))
+        return 0
     per = [args.sets // args.workers + (i < args.sets % args.workers) for i in range(args.workers)]
     start = time.perf_counter()
-    with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
-        parts = pool.map(share, [(n, args.seed * 1000 + i) for i, n in enumerate(per)])
+    procs = [subprocess.Popen([sys.executable, __file__, "--share", str(n), str(args.seed * 1000 + i)],
+                              stdout=subprocess.PIPE, text=True) for i, n in enumerate(per)]
+    parts = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
     wall = time.perf_counter() - start
-    codes = sum((p["codes"] for p in parts), collections.Counter())
-    escaped = sum((p["escaped"] for p in parts), collections.Counter())
+    codes = sum((collections.Counter(p["codes"]) for p in parts), collections.Counter())
+    escaped = sum((collections.Counter(p["escaped"]) for p in parts), collections.Counter())
     broken = [b for p in parts for b in p["broken"]]
     seconds = sorted(s for p in parts for s in p["seconds"])
     slowest = max((p["slowest"] for p in parts), key=lambda x: x[0])

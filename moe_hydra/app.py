@@ -136,15 +136,20 @@ def _keys_set_by(group: str, options: list[str], overrides: list[str]) -> list[s
 
 def _tracking(p: dict, swept: list[str], sweep_name: str | None, obj) -> dict:
     """W&B group (the comparison) and job_type (the arm)."""
-    task = HydraConfig.get().overrides.task
+    task = _task_overrides()
     arm = " ".join(o.lstrip("+") for o in task if o.lstrip("+").split("=", 1)[0] in swept)
     group = obj.logger.group or (f"{sweep_name}-{p['contract_hash'][:8]}" if sweep_name else p["contract_hash"])
     return {"group": group, "job_type": arm or "run", "swept": swept}
 
 
+def _task_overrides() -> list[str]:
+    """This point's overrides as typed: the text, never resolved (``${env:HOME}`` in a value stays text here)."""
+    return OmegaConf.to_container(HydraConfig.get().overrides.task)
+
+
 def _point_name() -> str:
     hc = HydraConfig.get()
-    overrides = " ".join(hc.overrides.task) or "(defaults)"
+    overrides = " ".join(_task_overrides()) or "(defaults)"
     return f"#{hc.job.num} {overrides}" if hc.mode.name == "MULTIRUN" else overrides
 
 

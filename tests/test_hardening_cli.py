@@ -89,6 +89,20 @@ def test_a_value_of_the_wrong_type_exits_2_without_traceback(cli, tmp_path, swee
     assert not (tmp_path / "run").exists() and not (tmp_path / "multi").exists()
 
 
+@pytest.mark.parametrize("overrides,code", [
+    # the refused value is read when the schema's objects are built: refused, naming its key
+    (("~model",), 2), (("contract.window=[]",), 2), (("parallel.pipeline_model_parallel_layout=${env:HOME}",), 2),
+    # overridden again: the typed text of the first is never resolved (the app reads the overrides as text)
+    (("model.add_qkv_bias=${env:HOME}", "model.add_qkv_bias=true"), 0),
+])
+def test_values_omegaconf_cannot_build_are_refused_naming_the_key(cli, overrides, code):
+    r = cli("stage=plan", *overrides)
+    assert r.returncode == code and "Traceback" not in r.stdout + r.stderr, r.stderr[-2000:]
+    if code:
+        key = overrides[0].lstrip("~").split("=")[0]
+        assert f"{key}" in r.stderr and "Nothing was launched" in r.stderr
+
+
 def test_help_lists_the_exit_codes(cli):
     r = cli("--help")
     assert r.returncode == 0

@@ -3,7 +3,6 @@ refused when the resolved plan is built, before any arithmetic, naming its key."
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 import typing
@@ -12,22 +11,10 @@ import pytest
 
 from moe_hydra.core import bounds
 from moe_hydra.core.resolved import resolve
-from moe_hydra.core.schema import Config
 from moe_hydra.core.violations import LayoutError
 from moe_hydra.planning import plan
 from moe_hydra.planning.rules.base import _divisors
-from tests.conftest import compose_config
-
-
-def _leaves(cls: type, prefix: str = ""):
-    """(dotted path, type) of every field under a schema dataclass."""
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        t = hints[f.name]
-        if dataclasses.is_dataclass(t):
-            yield from _leaves(t, f"{prefix}{f.name}.")
-        else:
-            yield f"{prefix}{f.name}", t
+from tests.conftest import compose_config, schema_leaves
 
 
 def _kind(t) -> type | None:
@@ -42,8 +29,8 @@ def _kind(t) -> type | None:
 
 
 def test_every_number_of_the_schema_has_a_domain_and_every_domain_a_field():
-    numbers = {p for p, t in _leaves(Config) if _kind(t) in (int, float)}
-    int_lists = {p for p, t in _leaves(Config) if _kind(t) is list}
+    numbers = {p for p, t in schema_leaves() if _kind(t) in (int, float)}
+    int_lists = {p for p, t in schema_leaves() if _kind(t) is list}
     assert numbers == set(bounds.DOMAINS)
     assert int_lists == set(bounds.LIST_DOMAINS)
 

@@ -7,12 +7,10 @@ and reports the slowest plan (the goal: under 2 s whatever the values).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import io
 import sys
 import tempfile
 import time
-import typing
 from pathlib import Path
 
 import pytest
@@ -21,23 +19,13 @@ from hypothesis import strategies as st
 
 from moe_hydra import app, cli
 from moe_hydra.core import bounds
-from moe_hydra.core.schema import Config
+from tests.conftest import schema_leaves
 
 pytestmark = pytest.mark.slow
 
 
-def _leaves(cls: type, prefix: str = ""):
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        t = hints[f.name]
-        if dataclasses.is_dataclass(t):
-            yield from _leaves(t, f"{prefix}{f.name}.")
-        else:
-            yield f"{prefix}{f.name}", t
-
-
 # stage (plan is the point), the launcher and the experiments (they start sweeps, on Slurm too) are left out
-LEAVES = {p: t for p, t in _leaves(Config) if p != "stage" and not p.startswith("launcher.")}
+LEAVES = {p: t for p, t in schema_leaves() if p != "stage" and not p.startswith("launcher.")}
 GROUPS = {g: options for g, options in cli.groups().items() if g not in ("launcher", "experiment")}
 WEIRD = ["abc", "", "null", "nan", "inf", "-inf", "1e400", "10" * 20, "-1", "0", "[]", "[1", "{}", "'", "${env:HOME}",
          "${oc.env:HOME}", "${model.hidden_size}", "${nope}", "true", "[1,2,3]", "1.5", "-0.0", "\u00e9", "a b"]

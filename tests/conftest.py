@@ -29,23 +29,6 @@ def compose_config(*overrides: str):
     return OmegaConf.to_object(cfg)
 
 
-def schema_leaves(cls: type | None = None, prefix: str = ""):
-    """(dotted path, type) of every field under a schema dataclass (the root ``Config`` by default)."""
-    import dataclasses
-    import typing
-
-    from moe_hydra.core.schema import Config
-
-    cls = cls or Config
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        t = hints[f.name]
-        if dataclasses.is_dataclass(t):
-            yield from schema_leaves(t, f"{prefix}{f.name}.")
-        else:
-            yield f"{prefix}{f.name}", t
-
-
 @pytest.fixture
 def compose_cfg():
     return compose_config

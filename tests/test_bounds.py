@@ -14,7 +14,8 @@ from moe_hydra.core.resolved import resolve
 from moe_hydra.core.violations import LayoutError
 from moe_hydra.planning import plan
 from moe_hydra.planning.rules.base import _divisors
-from tests.conftest import compose_config, schema_leaves
+from moe_hydra.core.schema import leaves as schema_leaves
+from tests.conftest import compose_config
 
 
 def _kind(t) -> type | None:
@@ -32,7 +33,7 @@ def test_every_number_of_the_schema_has_a_domain_and_every_domain_a_field():
     numbers = {p for p, t in schema_leaves() if _kind(t) in (int, float)}
     int_lists = {p for p, t in schema_leaves() if _kind(t) is list}
     assert numbers == set(bounds.DOMAINS)
-    assert int_lists == set(bounds.LIST_DOMAINS)
+    assert int_lists == set(bounds.LIST_DOMAINS) and int_lists < set(bounds.CONTAINERS)
 
 
 def _refused(*overrides: str) -> list:
@@ -65,6 +66,9 @@ def test_a_size_below_one_is_refused_naming_its_key(path, value):
     ("contract.window=[0,3]", "contract.window"),
     ("model.window_size=[128,0,1]", "model.window_size"),
     ("parallel.hierarchical_context_parallel_sizes=[2,0]", "parallel.hierarchical_context_parallel_sizes"),
+    # an interpolation hands a list field a number (OmegaConf checks scalars, not containers)
+    ("kernels.cuda_graph_scope=${model.hidden_size}", "kernels.cuda_graph_scope"),
+    ("recompute.recompute_modules=${model.name}", "recompute.recompute_modules"),
 ])
 def test_a_number_outside_its_domain_is_refused_naming_its_key(override, path):
     found = _refused(override)

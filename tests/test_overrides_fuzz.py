@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from moe_hydra import app, cli
 from moe_hydra.core import bounds
-from tests.conftest import schema_leaves
+from moe_hydra.core.schema import leaves as schema_leaves
 
 pytestmark = pytest.mark.slow
 

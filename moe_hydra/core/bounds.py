@@ -14,9 +14,11 @@ Pure: standard library only.
 from __future__ import annotations
 
 import math
+import typing
 from operator import attrgetter
 from typing import Any
 
+from moe_hydra.core.schema import leaves
 from moe_hydra.core.violations import V, Violation
 
 K = 1024
@@ -127,6 +129,19 @@ LIST_DOMAINS: dict[str, tuple[tuple[int, int], int | None]] = {
     "contract.window": ((1, MAX_STEPS), None),  # [first, last] measured step, 1-based (how they relate: C01)
 }
 
+
+
+def _container(t: Any) -> type | None:
+    """list or dict for a List[...] / Dict[...] field (optional or not), else None."""
+    args = [a for a in typing.get_args(t) if a is not type(None)]
+    base = args[0] if typing.get_origin(t) is typing.Union and len(args) == 1 else t
+    return {list: list, dict: dict}.get(typing.get_origin(base))
+
+
+# list and dict fields: an interpolation can hand them any value (OmegaConf checks scalars, not containers)
+CONTAINERS = {path: kind for path, t in leaves() if (kind := _container(t))}
+_CONTAINER_PATHS = tuple(CONTAINERS)
+_CONTAINER_VALUES = attrgetter(*_CONTAINER_PATHS)
 _PATHS = tuple(DOMAINS)
 _VALUES = attrgetter(*_PATHS)
 _LOWS = tuple(lo for lo, _ in DOMAINS.values())
@@ -142,7 +157,8 @@ def _number(value: Any) -> bool:
 
 
 def check(cfg: Any) -> list[Violation]:
-    """S02: every number outside its domain, every malformed integer list and a world beyond
+    """S02: every number outside its domain, a list or dict field holding something else (an interpolation
+    can), every malformed integer list and a world beyond
     :data:`MAX_WORLD`; empty for a config inside its bounds (the common case, at the layout search's rate).
     How values relate (a window after the warmup, sizes that divide) is the rules' business."""
     values = _VALUES(cfg)
@@ -150,7 +166,12 @@ def check(cfg: Any) -> list[Violation]:
              f"{path}={hi if _number(value) and value > hi else lo}", **{path.replace(".", "__"): value})
            for path, value, lo, hi in zip(_PATHS, values, _LOWS, _HIGHS)
            if value is not None and not (_number(value) and lo <= value <= hi)]
-    out += [v for path in LIST_DOMAINS for v in _check_list(cfg, path)]
+    out += [V("S02", f"{path} must be a {kind.__name__} (is {value!r})", f"{path}={'[]' if kind is list else '{}'}",
+              **{path.replace(".", "__"): value})
+            for path, kind, value in zip(_CONTAINER_PATHS, CONTAINERS.values(), _CONTAINER_VALUES(cfg))
+            if value is not None and not isinstance(value, kind)]
+    if not out:
+        out += [v for path in LIST_DOMAINS for v in _check_list(cfg, path)]
     if not out and cfg.hardware.nodes * cfg.hardware.devices_per_node > MAX_WORLD:
         hw = cfg.hardware
         out.append(V("S02", f"world size {hw.nodes} x {hw.devices_per_node} is above {MAX_WORLD} GPUs",

@@ -26,7 +26,7 @@ import os
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 from omegaconf import II, MISSING
 
@@ -446,6 +446,21 @@ class Config:
     step_model: StepModelConfig = field(default_factory=StepModelConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+
+
+def leaves(cls: type = None, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted path, type) of every field under a schema dataclass (the root :class:`Config` by default)."""
+    import dataclasses
+    import typing
+
+    cls = cls or Config
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        t = hints[f.name]
+        if dataclasses.is_dataclass(t):
+            yield from leaves(t, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", t
 
 
 def typed(cfg: Any) -> Config:

@@ -48,8 +48,6 @@ from moe_hydra.core.resolved import Resolved
 from moe_hydra.core.versions import mcore_facts
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-
-
 STOP_SIGNALS = tuple(signal.Signals[name] for name in results_schema.SIGNALS)
 
 
@@ -87,7 +85,7 @@ class Signals:
 def worker(spec: dict[str, Any]) -> dict[str, Any] | None:
     """Entry point of every rank. ``spec``: ``resolved`` (the :class:`~moe_hydra.core.resolved.Resolved` plan
     this job builds), ``plan`` (plan.json's record), ``config`` (the composed config, plain, for W&B),
-    ``out_dir``, ``env``, ``run_id``.
+    ``out_dir``, ``env``.
 
     The distributed environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
     MASTER_PORT) comes from the launcher. Returns the results on rank 0, None elsewhere.
@@ -99,7 +97,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any] | None:
     out_dir = Path(spec["out_dir"])
     rank = int(os.environ.get("RANK", "0"))
     _warnings_to_file(out_dir / "ranks" / f"warnings.rank{rank}.log")
-    stamp = {"results_version": results_schema.RESULTS_VERSION, "run_id": spec.get("run_id") or uuid.uuid4().hex}
+    stamp = {"results_version": results_schema.RESULTS_VERSION, "run_id": uuid.uuid4().hex}  # rank 0's is written
     results = None
     with Signals() as signals:
         job = Job(r, spec["plan"], spec.get("env"), signals, stamp)

@@ -130,7 +130,6 @@ LIST_DOMAINS: dict[str, tuple[tuple[int, int], int | None]] = {
 }
 
 
-
 def _container(t: Any) -> type | None:
     """list or dict for a List[...] / Dict[...] field (optional or not), else None."""
     args = [a for a in typing.get_args(t) if a is not type(None)]
@@ -157,21 +156,20 @@ def _number(value: Any) -> bool:
 
 
 def check(cfg: Any) -> list[Violation]:
-    """S02: every number outside its domain, a list or dict field holding something else (an interpolation
-    can), every malformed integer list and a world beyond
-    :data:`MAX_WORLD`; empty for a config inside its bounds (the common case, at the layout search's rate).
-    How values relate (a window after the warmup, sizes that divide) is the rules' business."""
-    values = _VALUES(cfg)
+    """S02: every number outside its domain, a list or dict field holding something else (an interpolation can),
+    a malformed integer list and a world beyond :data:`MAX_WORLD`; empty for a config inside its bounds (the
+    common case, at the layout search's rate). How values relate (a window after the warmup, sizes that divide)
+    is the rules' business."""
     out = [V("S02", f"{path} must be within {_shown(lo, hi)} (is {value})",
              f"{path}={hi if _number(value) and value > hi else lo}", **{path.replace(".", "__"): value})
-           for path, value, lo, hi in zip(_PATHS, values, _LOWS, _HIGHS)
+           for path, value, lo, hi in zip(_PATHS, _VALUES(cfg), _LOWS, _HIGHS)
            if value is not None and not (_number(value) and lo <= value <= hi)]
-    out += [V("S02", f"{path} must be a {kind.__name__} (is {value!r})", f"{path}={'[]' if kind is list else '{}'}",
-              **{path.replace(".", "__"): value})
-            for path, kind, value in zip(_CONTAINER_PATHS, CONTAINERS.values(), _CONTAINER_VALUES(cfg))
-            if value is not None and not isinstance(value, kind)]
-    if not out:
-        out += [v for path in LIST_DOMAINS for v in _check_list(cfg, path)]
+    wrong = {path: value for path, kind, value in zip(_CONTAINER_PATHS, CONTAINERS.values(), _CONTAINER_VALUES(cfg))
+             if value is not None and not isinstance(value, kind)}
+    out += [V("S02", f"{path} must be a {CONTAINERS[path].__name__} (is {value!r})",
+              f"{path}={'[]' if CONTAINERS[path] is list else '{}'}", **{path.replace(".", "__"): value})
+            for path, value in wrong.items()]
+    out += [v for path in LIST_DOMAINS if path not in wrong for v in _check_list(cfg, path)]
     if not out and cfg.hardware.nodes * cfg.hardware.devices_per_node > MAX_WORLD:
         hw = cfg.hardware
         out.append(V("S02", f"world size {hw.nodes} x {hw.devices_per_node} is above {MAX_WORLD} GPUs",

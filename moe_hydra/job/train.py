@@ -522,8 +522,6 @@ class Job:
     # ------------------------------------------------------------------ measurements
 
     def _memory_gib(self) -> float | None:
-        import torch
-
         if self.on_gpu:
             return self.memory_phases.peak[0] / 2**30
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux

@@ -195,7 +195,8 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
         accounting. A run a signal stopped (SIGUSR2 before the time limit or a preemption, SIGTERM on scancel) is
         INTERRUPTED / TERMINATED with the steps it measured, unless Slurm has a word of its own for the ending
         (CANCELLED, TIMEOUT, PREEMPTED, ...), which stays."""
-        res = sweep.complete_results(Path(p.dir))
+        read = sweep.point_results(Path(p.dir))
+        res = sweep.complete(read[0])
         state = SlurmLauncherImpl._final_state(job)
         error = None
         try:
@@ -211,7 +212,7 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
         if "timed-out" in (error or ""):
             state = "TIMEOUT"  # submitit caught Slurm's USR2 near the limit and could not requeue
         p.state = state if state not in ("COMPLETED", "UNKNOWN") else "FAILED"
-        told = sweep.results_outcome(Path(p.dir))  # what the run wrote of its ending
+        told = sweep.results_outcome(read)  # what the run wrote of its ending
         if told:
             told_state, error = told
             if p.state == "FAILED":

@@ -106,17 +106,21 @@ def point_results(point_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
     return read_results(path) if path.exists() else (None, None)
 
 
-def complete_results(point_dir: Path) -> dict[str, Any] | None:
-    """The point's results.json when it records a complete, successful run."""
-    res, _ = point_results(point_dir)
+def complete(res: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``res`` (results read by :func:`point_results`) when it records a complete, successful run."""
     return res if res and res["status"] == OK and res.get("stage") == "run" else None
 
 
-def results_outcome(point_dir: Path) -> tuple[str, str] | None:
-    """(state, error) that results.json tells of a run that did not complete: INTERRUPTED or TERMINATED with the
-    signal and the steps measured, FAILED with the error, UNKNOWN with the warning of a file that fails its schema;
-    None without results.json or when it records a complete run."""
-    res, warning = point_results(point_dir)
+def complete_results(point_dir: Path) -> dict[str, Any] | None:
+    """The point's results.json when it records a complete, successful run."""
+    return complete(point_results(point_dir)[0])
+
+
+def results_outcome(read: tuple[dict[str, Any] | None, str | None]) -> tuple[str, str] | None:
+    """(state, error) that results.json (``read``: :func:`point_results`' pair) tells of a run that did not
+    complete: INTERRUPTED or TERMINATED with the signal and the steps measured, FAILED with the error, UNKNOWN with
+    the warning of a file that fails its schema; None without results.json or when it records a complete run."""
+    res, warning = read
     if warning:
         return "UNKNOWN", f"results.json unusable: {warning}"
     if res is None or res["status"] == OK:
@@ -194,13 +198,14 @@ def status(sweep_dir: Path) -> list[Point]:
     points = [Point(**p) for p in data["points"]]
     live = _sacct_states([p.slurm_job_id for p in points if p.slurm_job_id and p.state in ACTIVE_STATES])
     for p in points:
-        res = complete_results(Path(p.dir))
+        read = point_results(Path(p.dir))
+        res = complete(read[0])
         if res:
             p.state = p.state if p.state == "KEPT" else "COMPLETED"
             fill_from_results(p, res)
         elif p.slurm_job_id in live:
             p.state = live[p.slurm_job_id]
-        elif p.state in ("FAILED", "UNKNOWN", *OK_STATES, *ACTIVE_STATES) and (told := results_outcome(Path(p.dir))):
+        elif p.state in ("FAILED", "UNKNOWN", *OK_STATES, *ACTIVE_STATES) and (told := results_outcome(read)):
             p.state, p.error = told  # what the run wrote; Slurm's own word (TIMEOUT, CANCELLED, ...) stays
     return points
 
@@ -221,23 +226,25 @@ def local_points(sweep_dir: Path) -> list[Point]:
         if num is None:  # a single run's directory
             continue
         p = Point(num=num, overrides=list(OmegaConf.load(hydra_dir / "overrides.yaml")), dir=str(hydra_dir.parent))
-        p.state, p.error = _local_outcome(hydra_dir.parent, OmegaConf.load(hydra_dir / "config.yaml").get("stage"))
-        fill_from_results(p, complete_results(hydra_dir.parent))
+        read, stage = point_results(hydra_dir.parent), OmegaConf.load(hydra_dir / "config.yaml").get("stage")
+        p.state, p.error = _local_outcome(hydra_dir.parent, stage, read)
+        fill_from_results(p, complete(read[0]))
         points.append(p)
     if not points:
         raise FileNotFoundError(f"{sweep_dir} has no sweep.json and no point directories (is this a sweep directory?)")
     return points
 
 
-def _local_outcome(point_dir: Path, stage: str | None) -> tuple[str, str | None]:
-    """(state, error) of a point from the files it wrote: results.json (stage=run), fit.json (stage=fit),
-    violations.json (refused), plan.json (stage=plan)."""
-    if complete_results(point_dir):
+def _local_outcome(point_dir: Path, stage: str | None, read: tuple[dict[str, Any] | None, str | None]
+                   ) -> tuple[str, str | None]:
+    """(state, error) of a point from the files it wrote: results.json (stage=run; ``read``: :func:`point_results`'
+    pair), fit.json (stage=fit), violations.json (refused), plan.json (stage=plan)."""
+    if complete(read[0]):
         return "COMPLETED", None
     refusal = read_json(point_dir / "violations.json")
     if refusal:
         return "INVALID", "\n".join(f"[{v['rule']}] {v['message']}" for v in refusal.get("violations", []))
-    told = results_outcome(point_dir)
+    told = results_outcome(read)
     if told:
         return told
     fit = read_json(point_dir / "fit.json") if stage == "fit" else None

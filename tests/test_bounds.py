@@ -11,17 +11,17 @@ import pytest
 
 from moe_hydra.core import bounds
 from moe_hydra.core.resolved import resolve
+from moe_hydra.core.schema import leaves as schema_leaves
+from moe_hydra.core.schema import unwrapped
 from moe_hydra.core.violations import LayoutError
 from moe_hydra.planning import plan
 from moe_hydra.planning.rules.base import _divisors
-from moe_hydra.core.schema import leaves as schema_leaves
 from tests.conftest import compose_config
 
 
 def _kind(t) -> type | None:
     """int / float for a number (optional or not), list for a list of ints, else None."""
-    args = [a for a in typing.get_args(t) if a is not type(None)]
-    base = args[0] if typing.get_origin(t) is typing.Union and len(args) == 1 else t
+    base = unwrapped(t)
     if base in (int, float):
         return base
     if typing.get_origin(base) in (list, typing.List) and typing.get_args(base) == (int,):

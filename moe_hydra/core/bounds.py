@@ -18,7 +18,7 @@ import typing
 from operator import attrgetter
 from typing import Any
 
-from moe_hydra.core.schema import leaves
+from moe_hydra.core.schema import leaves, unwrapped
 from moe_hydra.core.violations import V, Violation
 
 K = 1024
@@ -132,9 +132,7 @@ LIST_DOMAINS: dict[str, tuple[tuple[int, int], int | None]] = {
 
 def _container(t: Any) -> type | None:
     """list or dict for a List[...] / Dict[...] field (optional or not), else None."""
-    args = [a for a in typing.get_args(t) if a is not type(None)]
-    base = args[0] if typing.get_origin(t) is typing.Union and len(args) == 1 else t
-    return {list: list, dict: dict}.get(typing.get_origin(base))
+    return {list: list, dict: dict}.get(typing.get_origin(unwrapped(t)))
 
 
 # list and dict fields: an interpolation can hand them any value (OmegaConf checks scalars, not containers)
@@ -173,7 +171,8 @@ def check(cfg: Any) -> list[Violation]:
     if not out and cfg.hardware.nodes * cfg.hardware.devices_per_node > MAX_WORLD:
         hw = cfg.hardware
         out.append(V("S02", f"world size {hw.nodes} x {hw.devices_per_node} is above {MAX_WORLD} GPUs",
-                     "a smaller hardware.nodes", hardware__nodes=hw.nodes, hardware__devices_per_node=hw.devices_per_node))
+                     "a smaller hardware.nodes", hardware__nodes=hw.nodes,
+                     hardware__devices_per_node=hw.devices_per_node))
     return out
 
 

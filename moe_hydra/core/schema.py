@@ -463,6 +463,14 @@ def leaves(cls: type = None, prefix: str = "") -> Iterator[tuple[str, Any]]:
             yield f"{prefix}{f.name}", t
 
 
+def unwrapped(t: Any) -> Any:
+    """A field's type without ``Optional``: ``Optional[int]`` -> ``int``; any other type as it is."""
+    import typing
+
+    args = [a for a in typing.get_args(t) if a is not type(None)]
+    return args[0] if typing.get_origin(t) is typing.Union and len(args) == 1 else t
+
+
 def typed(cfg: Any) -> Config:
     """A composed config (a DictConfig, its ``hydra`` node left out) as these dataclasses."""
     from omegaconf import OmegaConf

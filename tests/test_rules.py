@@ -141,6 +141,10 @@ CASES = [
     ("C01", ["contract.window=[8,5]", "train.train_iters=10"], r"\[8,5\] ends before it starts"),
     ("C01", ["train.train_iters=5"], r"ends at step 10, after the run's 5 steps"),
     ("C01", ["contract.window=[4,5,6]"], r"must be \[first, last\]"),
+    ("C02", ["profile=window", "profile.steps=[2,6]"], r"starts at step 2, inside the 3 warmup steps"),
+    ("C02", ["profile=window", "profile.steps=[9,7]"], r"\[9,7\] end before they start"),
+    ("C02", ["profile=window", "profile.steps=[12]"], r"must be \[first, last\]"),
+    ("C02", ["profile=window", "profile.tool=nsys"], r"nsys traces CUDA; this run has no GPU"),
     ("V01", [H100, "attention_mesh=tp2", "expert_mesh=ep1"], r"on megatron-core 0\.16\.1, TP 2 with ETP 1 != TP and EP 1"),
     # planned, searched and fitted, but the job feeds every CP rank whole sequences
     ("J01", ["stage=run", "hardware.devices_per_node=2", "attention_mesh=cp2"],

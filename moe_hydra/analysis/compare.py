@@ -4,6 +4,10 @@
     python -m moe_hydra.compare --accept DIR                                                      the validation gate
     python -m moe_hydra.compare --diff RUN_A RUN_B                                   what changed, which wall moved
 
+Runs profiled with ``profile=window`` (profile.json) say which wall moved: compute, communication (and its
+exposed part), host, memcpy or idle, in ms/step with an interval (:mod:`moe_hydra.analysis.profiles`), in the
+A/B table's notes and in --diff.
+
 Runs (``results.json`` under the directories) are grouped by their contract with the compared variables left
 out: the variables swept by the runs' own multirun, or ``--variable``. Arms of a group differ only in those
 variables by construction; runs that differ in anything else are never compared, and when no group has two
@@ -44,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moe_hydra.analysis import report
+from moe_hydra.analysis import profiles, report
 from moe_hydra.core import contract as contracts
 from moe_hydra.core import results, stats
 
@@ -203,6 +207,7 @@ class Comparison:
     arms: dict[str, list[Run]]
     baseline: str
     effects: dict[str, stats.Effect] = field(default_factory=dict)
+    walls: dict[str, dict[str, Any]] = field(default_factory=dict)  # arm -> profiles.moved(), when profiled
     notes: list[str] = field(default_factory=list)
 
 
@@ -231,13 +236,23 @@ def _effect(comp: Comparison, name: str, by_runs: bool, floor: float) -> stats.E
     return effect
 
 
+def _walls(comp: Comparison, name: str, floor: float, warn: Warn) -> None:
+    """Which wall moved from arm ``name`` to the baseline, when every run of both arms has a profile: a note."""
+    arms = [[profiles.read(r.path, warn) for r in comp.arms[arm]] for arm in (comp.baseline, name)]
+    if all(p for arm in arms for p in arm):
+        comp.walls[name] = profiles.moved(*arms, floor)
+        comp.notes.append(f"{name} vs {comp.baseline}, walls (profile.json): {comp.walls[name]['summary']}")
+
+
 def compare(runs: list[Run], variables: list[str] | None = None, baseline: str | None = None,
-            noise_floor: float | None = None) -> list[Comparison]:
+            noise_floor: float | None = None, warn: Warn = lambda message: None) -> list[Comparison]:
     """A/B comparisons of ``runs`` (distinct complete runs, as :func:`load` gives them) over ``variables``
     (default: what the runs' multiruns swept).
 
     ``noise_floor``: run-to-run noise for one-run arms (default: the hardware's ``run_to_run_noise``). An arm
     holding a run that was given more than once (``Run.copies``) gets the verdict :data:`DUPLICATED`.
+    When every run of an arm and of the baseline has a profile.json, the walls that moved are added as a note
+    (``Comparison.walls``); ``warn`` hears of profile.json files that cannot be read.
 
     Raises:
         Refused: no two runs share a contract apart from the variables, or there is nothing to compare.
@@ -265,6 +280,7 @@ def compare(runs: list[Run], variables: list[str] | None = None, baseline: str |
         for name in names:
             if name != comp.baseline and (effect := _effect(comp, name, by_runs, floor)):
                 comp.effects[name] = effect
+                _walls(comp, name, floor, warn)
         if not by_runs:
             comp.notes.append(f"one run per arm: a difference counts only beyond the run-to-run noise of {floor:.0%} "
                               "(hardware.run_to_run_noise); repeat the arms (e.g. repeat=0,1,2) for a run-level verdict")
@@ -365,9 +381,10 @@ def _env(run: Run, warn: Warn) -> dict[str, Any]:
     return env
 
 
-def diagnose(a: Run, b: Run, warn: Warn) -> dict[str, Any]:
+def diagnose(a: Run, b: Run, warn: Warn, noise_floor: float | None = None) -> dict[str, Any]:
     """What differs between two complete runs: config, environment (env.json; a corrupt one is warned and left
-    out), metrics, and which wall moved."""
+    out), metrics, and which wall moved (from their profile.json when both have one, beyond ``noise_floor``,
+    default the hardware's run-to-run noise)."""
     ra, rb = a.results, b.results
     order = ["parallel", "dispatcher", "routing", "precision", "recompute", "offload", "kernels", "overlap", "train",
              "timing", "model", "optimizer", "data", "hardware", "launcher", "software", "seed"]
@@ -391,12 +408,20 @@ def diagnose(a: Run, b: Run, warn: Warn) -> dict[str, Any]:
             return "unknown (not measured on this backend)"
         return f"{'moved' if abs(rel) > WALL_THRESHOLD else 'steady'} ({rel:+.1%})"
 
-    walls = {
-        "memory": moved("peak_memory_gib"),
-        "compute": moved("device_time_ms"),
-        "host": moved("host_time_ms"),
-        "communication": "unknown: no profile breakdown in these runs",
-    }
+    walls = {"memory": moved("peak_memory_gib")}
+    pa, pb = profiles.read(a.path, warn), profiles.read(b.path, warn)
+    if pa and pb:  # the profiles split the step: each wall's ms/step, moved or unchanged beyond the noise
+        split = profiles.moved([pa], [pb], _floor([a, b], noise_floor))
+        for wall, w in split["walls"].items():
+            walls[wall] = (f"{'moved' if w['moved'] else 'unchanged'} ({w['a_ms_per_step']:.1f} -> "
+                           f"{w['b_ms_per_step']:.1f} ms/step, {w['delta_ms_per_step']:+.1f}, 95% CI "
+                           f"[{w['ci_ms_per_step'][0]:+.1f}, {w['ci_ms_per_step'][1]:+.1f}])")
+        walls["which moved"] = split["summary"]
+    else:
+        walls["compute"] = moved("device_time_ms")
+        walls["host"] = moved("host_time_ms")
+        which = "either run" if not (pa or pb) else str((b if pa else a).path)
+        walls["communication"] = profiles.NO_PROFILE.format(which=which)
     return {"config": config, "env": env, "metrics": metrics, "walls": walls}
 
 
@@ -453,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
             if len(args.dirs) != 2 or len(runs) != 2:
                 raise Refused(f"--diff takes two run directories with complete, distinct results ({len(runs)} found)"
                               + "".join(f"\n  {m}" for m in _not_compared(loaded)))
-            report.print_diff(out, diagnose(*runs, warn))
+            report.print_diff(out, diagnose(*runs, warn, args.noise_floor))
             return 0
         variables = args.variable or sorted({k for r in runs for k in r.results.get("swept", [])
                                              if k not in NOT_ARM_VARIABLES})
@@ -468,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
             for block in bundle:
                 out.print(block, highlight=False, markup=False)
             return 0
-        comps = compare(runs, variables, args.baseline, args.noise_floor)
+        comps = compare(runs, variables, args.baseline, args.noise_floor, warn)
     except Refused as e:
         print(f"moe_hydra.compare: refused: {e}", file=sys.stderr)
         return EXIT_REFUSED

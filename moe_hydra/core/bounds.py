@@ -104,6 +104,8 @@ DOMAINS: dict[str, tuple[float, float]] = {
     "memory.cuda_graphs_gib": GIB,
     "memory.fragmentation": FRACTION,
     "contract.warmup_steps": (0, MAX_STEPS),
+    "profile.num_steps": (1, 1000),
+    "profile.top": (1, 1000),
     "launcher.timeout_min": (1, 10**6),
     "launcher.cpus_per_task": (1, 64 * K),
     "launcher.mem_gb": (1, 10**6),
@@ -127,6 +129,7 @@ LIST_DOMAINS: dict[str, tuple[tuple[int, int], int | None]] = {
     "model.window_size": ((-1, 16 * M), 2),  # [left, right]; -1: unbounded
     "parallel.hierarchical_context_parallel_sizes": (SIZE, None),
     "contract.window": ((1, MAX_STEPS), None),  # [first, last] measured step, 1-based (how they relate: C01)
+    "profile.steps": ((1, MAX_STEPS), None),  # [first, last] profiled step (how they relate: C02)
 }
 
 

@@ -60,6 +60,10 @@ def build(cfg: Any, r: Any, env: dict[str, Any]) -> dict[str, Any]:
     # what runs (TE or local layers, flash or unfused attention, ...): arms built differently are not matched
     contract["implementation"] = {k: v for k, v in dataclasses.asdict(r.impl).items() if k != "source"}
     contract["timing"] = {"warmup_steps": cfg.contract.warmup_steps, "window": list(cfg.contract.window)}
+    first, last = cfg.contract.window[0], cfg.contract.window[-1]
+    profiled = r.profile_steps
+    if profiled and profiled[0] <= last and first <= profiled[1]:  # a profile inside the window perturbs it
+        contract["timing"]["profiled_steps"] = list(profiled)
     contract["seed"] = cfg.seed
     contract["software"] = {k: v for k, v in env["versions"].items() if k in SOFTWARE}
     contract["launcher"] = {"name": cfg.launcher.name, "partition": cfg.launcher.partition,

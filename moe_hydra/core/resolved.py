@@ -116,6 +116,11 @@ class Resolved:
     split: tuple[RankLayers, ...] | None  # per pipeline rank; None when no split exists (the pipeline rules say why)
     batch: Batch
     impl: Implementation
+    # the steps the job trains: train.train_iters, or through the profiled steps when they come later
+    train_iters: int
+    # [first, last] steps traced by profile=window (after contract.window unless profile.steps says otherwise);
+    # None: profile=none, or profile.steps is not [first, last] (rule C02 says why)
+    profile_steps: tuple[int, int] | None
 
     def with_settings(self, **nodes: Any) -> Resolved:
         """This plan with other values of config nodes that no derived fact reads (:data:`SETTINGS`): what
@@ -124,7 +129,7 @@ class Resolved:
         unknown = set(nodes) - set(SETTINGS)
         if unknown:
             raise ValueError(f"{sorted(unknown)} change what the plan derives; resolve the config instead")
-        return Resolved(replace(self.cfg, **nodes), self.layout, self.arch, self.split, self.batch, self.impl)
+        return replace(self, cfg=replace(self.cfg, **nodes))
 
     @property
     def experts_per_rank(self) -> int:
@@ -144,6 +149,8 @@ class Resolved:
                           "embedding": r.embedding, "loss": r.loss, "mtp": r.mtp} for r in self.split or ()],
             "batch": self.batch.as_dict(),
             "seq_length": self.batch.seq_length,
+            "train_iters": self.train_iters,
+            "profile_steps": list(self.profile_steps) if self.profile_steps else None,
             "implementation": {**asdict(self.impl), "cuda_graph_scope": list(self.impl.cuda_graph_scope)},
         }
 
@@ -184,7 +191,21 @@ def resolve(cfg: Any, impl: Implementation | None = None, arch: Arch | None = No
     gbs = t.global_batch_size or t.micro_batch_size * layout.world_size
     batch = Batch(t.micro_batch_size, gbs, gbs // (t.micro_batch_size * layout.dp) if layout.dp else 0, t.seq_length)
     split = rank_layers(arch, layout, cfg.parallel) if arch else None
-    return Resolved(cfg, layout, arch, split, batch, impl or Implementation.declared(cfg))
+    profiled = profile_steps(cfg)
+    return Resolved(cfg, layout, arch, split, batch, impl or Implementation.declared(cfg),
+                    max(t.train_iters, profiled[1] if profiled else 0), profiled)
+
+
+def profile_steps(cfg: Any) -> tuple[int, int] | None:
+    """The steps ``profile=window`` traces: ``profile.steps``, or the ``profile.num_steps`` steps after
+    ``contract.window``; None for ``profile=none`` or a ``profile.steps`` that is not two numbers."""
+    p = cfg.profile
+    if p.name == "none":
+        return None
+    if p.steps is None:
+        last = cfg.contract.window[-1]
+        return last + 1, last + p.num_steps
+    return (p.steps[0], p.steps[1]) if len(p.steps) == 2 else None
 
 
 def _graphed(kernels: Any) -> tuple[str, ...]:

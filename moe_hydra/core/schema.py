@@ -384,6 +384,24 @@ class LoggerConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class ProfileConfig:
+    """The workflow's profile stage (``profile=window``): a declared window of steady steps traced on every rank
+    (moe_hydra.job.profile), its wall time split into the Three Walls in ``profile.json`` (moe_hydra.core.walls).
+    ``profile=none`` traces nothing."""
+
+    name: str = MISSING  # none | window
+    # torch: torch.profiler on every rank (CPU activities, and CUDA's on a GPU), a trace per rank and profile.json;
+    # nsys: each rank under ``nsys profile`` with a capture range over the window (cudaProfilerStart/Stop); GPUs only.
+    tool: str = "torch"
+    # [first, last] profiled steps, 1-based, inclusive; null: the ``num_steps`` steps after contract.window, which
+    # the run then also trains, so the measured window stays unprofiled.
+    steps: Optional[List[int]] = None
+    num_steps: int = 5
+    # rows of each top list (kernels or ops, collectives) in profile.json
+    top: int = 10
+
+
+@dataclass(kw_only=True, slots=True)
 class StepModelConfig:
     """The sustained fractions of the hardware's peaks the layout search's step-time model uses
     (moe_hydra.planning.step_model). Fitted to the measured runs of benchmarks/data/measured_runs.yaml, each
@@ -444,6 +462,7 @@ class Config:
     contract: ContractConfig = field(default_factory=ContractConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     step_model: StepModelConfig = field(default_factory=StepModelConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 

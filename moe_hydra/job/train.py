@@ -318,6 +318,7 @@ class Job:
             optimizer_offload_fraction=self.cfg.offload.optimizer_offload_fraction,
         )
         optimizer = get_megatron_optimizer(opt_cfg, model)
+        self.built_configs = (tcfg, ddp_cfg, opt_cfg)  # as handed to Megatron-Core (megatron_configs.json)
         tcfg.finalize_model_grads_func = finalize_model_grads
         if tcfg.fp16:
             tcfg.grad_scale_func = optimizer.scale_loss
@@ -368,24 +369,31 @@ class Job:
         model, optimizer = self.wrap_and_optimizer(tcfg, self.build_model(tcfg))
         if ps.get_data_parallel_world_size() != self.r.layout.dp:
             raise RuntimeError(f"Megatron-Core built DP {ps.get_data_parallel_world_size()}, the plan DP {self.r.layout.dp}")
-        records, samples, loop_ms = self._train(tcfg, model, optimizer)
+        if self.rank == 0:
+            from moe_hydra.job import built
+
+            built.write(out_dir / built.FILE, *self.built_configs)
+        records, samples, loop_ms = self._train(tcfg, model, optimizer, out_dir)
         memory = self._peak_memory()  # a collective: every rank
         evidence = self._evidence(tcfg, model, optimizer)
+        profiled = self._profile(records, out_dir)  # a collective: every rank
         results = None
         if self.rank == 0:
-            results = self._results(records, samples, loop_ms, memory, evidence)
+            results = self._results(records, samples, loop_ms, memory, evidence, profiled)
             write_json(results, out_dir / "results.json")
         dist.barrier()
         ps.destroy_model_parallel()
         dist.destroy_process_group()
         return results
 
-    def _train(self, tcfg, model, optimizer) -> tuple[list[metrics.StepRecord], list[dict], float]:
-        """Every step of the contract: (step records, GPU telemetry samples, wall ms per window step on rank 0)."""
+    def _train(self, tcfg, model, optimizer, out_dir: Path) -> tuple[list[metrics.StepRecord], list[dict], float]:
+        """Every step of the contract, and the profiled ones: (step records, GPU telemetry samples, wall ms per
+        window step on rank 0)."""
         from megatron.core import parallel_state as ps
 
         from moe_hydra.job import telemetry
         from moe_hydra.job.data import MockData
+        from moe_hydra.job.profile import Window
 
         cfg, batch, t = self.cfg, self.r.batch, self.cfg.train
         data = MockData(cfg.model.vocab_size, batch.seq_length, batch.micro_batch_size, batch.global_batch_size,
@@ -395,32 +403,36 @@ class Job:
         gpu = telemetry.open_gpu(self.local_rank) if self.on_gpu else None
         self.memory_phases = MemoryPhases() if self.on_gpu else None
         peak, _ = metrics.peak_tflops(cfg.hardware, cfg.precision)
+        self.window = Window(self.r.profile_steps, cfg.profile.tool, self.on_gpu, out_dir, self.rank, cfg.profile.top)
         records: list[metrics.StepRecord] = []
         samples = []
-        progress = _Progress(t.train_iters) if self.rank == 0 else None
+        iters = self.r.train_iters
+        progress = _Progress(iters) if self.rank == 0 else None
         first, last = cfg.contract.window
         loop_ms = window_start = 0.0
-        for step in range(1, t.train_iters + 1):
+        for step in range(1, iters + 1):
             if step == first:
                 window_start = time.perf_counter()
             batches = [data.batch(step - 1, dp_rank, mb) for mb in range(data.microbatches)]
             if step == t.fail_at_step:
                 raise RuntimeError(f"train.fail_at_step={step}: failing on purpose")
+            self.window.begin(step)
             rec, stop = self._step(step, model, optimizer, forward_step, batches)
+            self.window.end(step, last_step=bool(stop) or step == iters)
             records.append(rec)
             if gpu is not None:
                 samples.append({"step": step, **gpu.sample()})
             if progress is not None:
                 progress.update(step)
-                if step % t.log_interval == 0 or step == t.train_iters:
+                if step % t.log_interval == 0 or step == iters:
                     progress.log(metrics.log_line(rec, batch.tokens_per_step, self.world, self.plan["flops_per_token"],
                                                   peak, rec.memory_gib))
             if step == last:
                 loop_ms = (time.perf_counter() - window_start) * 1e3 / (last - first + 1)
-            if stop and step < t.train_iters:  # every rank saw the signal at the end of this step
+            if stop and step < iters:  # every rank saw the signal at the end of this step
                 self.stopped_by, self.stopped_at = stop, step
                 if progress is not None:
-                    progress.log(f"{stop} received: stopping after step {step} of {t.train_iters}")
+                    progress.log(f"{stop} received: stopping after step {step} of {iters}")
                 break
         if progress is not None:
             progress.close()
@@ -433,11 +445,37 @@ class Job:
         import torch
         import torch.distributed as dist
         from megatron.core import parallel_state as ps
+
+        dist.barrier()
+        with self.window.annotate(step):  # the timed part is the step's span in a profile's trace
+            wall_ms, host_ms, device_ms, losses, ok, grad_norm = self._timed(model, optimizer, forward_step, batches)
+        last_stage = ps.is_pipeline_last_stage(ignore_virtual=True)
+        local_loss = (sum(float(x["lm loss"]) for x in losses) / len(losses)) if (last_stage and losses) else 0.0
+        received = self.signals.received if self.signals else None
+        signum = signal.Signals[received].value if received else 0
+        stats = torch.tensor([wall_ms, host_ms or 0.0, device_ms or 0.0, signum], device=self.device,
+                             dtype=torch.float64)
+        dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+        loss = torch.tensor([local_loss], device=self.device, dtype=torch.float64)
+        dist.all_reduce(loss, group=ps.get_data_parallel_group(with_context_parallel=True))
+        loss /= ps.get_data_parallel_world_size(with_context_parallel=True)
+        if ps.get_pipeline_model_parallel_world_size() > 1:
+            dist.all_reduce(loss, group=ps.get_pipeline_model_parallel_group())
+        return metrics.StepRecord(
+            step=step, time_ms=float(stats[0]), loss=float(loss[0]),
+            host_ms=float(stats[1]) if self.on_gpu else None, device_ms=float(stats[2]) if self.on_gpu else None,
+            grad_norm=float(grad_norm) if grad_norm is not None else None, skipped=not ok,
+            memory_gib=self._memory_gib(),
+        ), signal.Signals(int(stats[3])).name if stats[3] else None
+
+    def _timed(self, model, optimizer, forward_step, batches) -> tuple:
+        """The timed part of a step: (wall ms, host ms, device ms, losses, optimizer ok, grad norm); host and
+        device ms on a GPU only (CUDA events around the step, then a device sync)."""
+        import torch
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         batch = self.r.batch
         iterators = [iter(batches) for _ in model]  # one pass over the step's micro-batches per model chunk
-        dist.barrier()
         if self.on_gpu:
             start_evt, end_evt = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start_evt.record()
@@ -469,26 +507,22 @@ class Job:
             torch.cuda.synchronize()
             device_ms = start_evt.elapsed_time(end_evt)
         wall_ms = (time.perf_counter() - t0) * 1e3
-        last_stage = ps.is_pipeline_last_stage(ignore_virtual=True)
-        local_loss = (sum(float(x["lm loss"]) for x in losses) / len(losses)) if (last_stage and losses) else 0.0
-        received = self.signals.received if self.signals else None
-        signum = signal.Signals[received].value if received else 0
-        stats = torch.tensor([wall_ms, host_ms or 0.0, device_ms or 0.0, signum], device=self.device,
-                             dtype=torch.float64)
-        dist.all_reduce(stats, op=dist.ReduceOp.MAX)
-        loss = torch.tensor([local_loss], device=self.device, dtype=torch.float64)
-        dist.all_reduce(loss, group=ps.get_data_parallel_group(with_context_parallel=True))
-        loss /= ps.get_data_parallel_world_size(with_context_parallel=True)
-        if ps.get_pipeline_model_parallel_world_size() > 1:
-            dist.all_reduce(loss, group=ps.get_pipeline_model_parallel_group())
-        return metrics.StepRecord(
-            step=step, time_ms=float(stats[0]), loss=float(loss[0]),
-            host_ms=float(stats[1]) if self.on_gpu else None, device_ms=float(stats[2]) if self.on_gpu else None,
-            grad_norm=float(grad_norm) if grad_norm is not None else None, skipped=not ok,
-            memory_gib=self._memory_gib(),
-        ), signal.Signals(int(stats[3])).name if stats[3] else None
+        return wall_ms, host_ms, device_ms, losses, ok, grad_norm
 
-    def _results(self, records, samples, loop_ms: float, memory: dict, evidence: dict) -> dict[str, Any]:
+    def _profile(self, records: list[metrics.StepRecord], out_dir: Path) -> dict[str, Any] | None:
+        """profile=window: every rank's walls gathered on rank 0, which writes profile.json; its summary there."""
+        import torch.distributed as dist
+
+        if self.r.profile_steps is None:
+            return None
+        gathered = [None] * self.world if self.rank == 0 else None
+        dist.gather_object(self.window.analysed, gathered, dst=0)
+        if self.rank != 0:
+            return None
+        return self.window.write(gathered, records, list(self.cfg.contract.window), out_dir)
+
+    def _results(self, records, samples, loop_ms: float, memory: dict, evidence: dict,
+                 profiled: dict | None) -> dict[str, Any]:
         """``results.json``: the plan's record, the steady window's figures and what produced each."""
         cfg, contract = self.cfg, self.cfg.contract
         peak, peak_field = metrics.peak_tflops(cfg.hardware, cfg.precision)
@@ -517,6 +551,8 @@ class Job:
             **memory,
             "telemetry": samples,
             "evidence": evidence,
+            # profile=window: the profiled steps' walls on the slowest rank (profile.json has every rank's)
+            "profile": profiled,
         }
 
     # ------------------------------------------------------------------ measurements

@@ -273,6 +273,29 @@ def c01_contract_window(c: Ctx):
                 f"train.train_iters={last}", contract__window=w, train__train_iters=iters)
 
 
+@rule
+def c02_profile_window(c: Ctx):
+    p, k = c.cfg.profile, c.cfg.contract
+    if p.name == "none":
+        return
+    if p.tool == "nsys" and c.cfg.hardware.arch == "cpu":
+        yield V("C02", "profile.tool=nsys traces CUDA; this run has no GPU", "profile.tool=torch",
+                profile__tool=p.tool, hardware__name=c.cfg.hardware.name)
+    steps = c.r.profile_steps
+    if steps is None:
+        yield V("C02", f"profile.steps must be [first, last], got {list(p.steps)}", "profile.steps=null (the steps "
+                "after the window)", profile__steps=list(p.steps))
+        return
+    first, last = steps
+    if last < first:
+        yield V("C02", f"the profiled steps [{first},{last}] end before they start", f"profile.steps=[{first},{first}]",
+                profile__steps=list(steps))
+    if first <= k.warmup_steps:
+        yield V("C02", f"the profile starts at step {first}, inside the {k.warmup_steps} warmup steps: a profile "
+                "explains steady steps", f"profile.steps=null (steps {k.window[-1] + 1}.. after the window)",
+                profile__steps=list(steps), contract__warmup_steps=k.warmup_steps)
+
+
 # --------------------------------------------------------------------------- megatron-core version (V)
 
 @rule

@@ -32,6 +32,8 @@ _CHOICES = {
     "kernels.cuda_graph_impl": ("none", "local", "transformer_engine", "full_iteration"),
     "optimizer.optimizer": ("adam", "sgd", "muon"),
     "data.kind": ("mock",),
+    "profile.name": ("none", "window"),
+    "profile.tool": ("torch", "nsys"),
 }
 
 

@@ -282,7 +282,7 @@ def test_layout_sweeper_writes_layouts_and_a_ready_to_run_sweep(cli, tmp_path):
 @pytest.mark.slow
 def test_screening_measures_the_top_layouts_on_this_machine(cli, tmp_path):
     r = cli("hardware.devices_per_node=2", "hydra/sweeper=layout", "hydra.sweeper.top_k=3", "logger=none",
-            "-m", timeout=900)
+            "hydra.sweeper.profile_top=1", "-m", timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads((tmp_path / "multi" / "layouts.json").read_text())
     arms = report["screening"]["arms"]
@@ -296,6 +296,10 @@ def test_screening_measures_the_top_layouts_on_this_machine(cli, tmp_path):
     best = next(a for a in arms if a["measured_rank"] == 1)
     assert best["tie_with_best"] and "contract.window=[4,53]" in report["screening"]["validate"]["command"]
     assert "screening: measured steady step time" in r.stdout and "validate" in r.stdout
+    # profile_top=1: the first screened layout is profiled after its window, and the table says where its step goes
+    first = min(arms, key=lambda a: a["predicted_rank"])
+    assert first["profile"]["steps"] == [12, 16] and first["profile"]["compute_ms"] > 0
+    assert [a for a in arms if a.get("profile")] == [first] and "walls per profiled step" in r.stdout
     hashes = {json.loads((tmp_path / "multi" / str(i) / "results.json").read_text())["contract_hash"]
               for i in range(len(arms))}
     assert len(hashes) == 1  # the arms differ only in what the search varied

@@ -18,6 +18,8 @@
    measured steady step time with a 95 % interval of the mean; a layout whose Welch comparison with
    the fastest (moe_hydra.core.stats, the hardware's run-to-run noise as the floor) finds no significant
    difference is a tie. Name the layout to validate with a >= 50-step run, and print its command.
+   ``profile_top=N`` profiles the first N screened layouts (``profile=window``, after their screening window),
+   and the table says where each one's step goes (compute, exposed communication, host, ...).
 
 The screening's results land in ``layouts.json`` (``screening``) and ``screening.md``.
 """
@@ -75,6 +77,9 @@ class LayoutSweeperConf:
     screen_window: List[int] = field(default_factory=lambda: [4, 11])
     # Steady steps of the validation run the screening recommends.
     validate_steps: int = 50
+    # Profile the first this many screened layouts (profile=window: the steps after the screening window, so
+    # their measurement stays unprofiled); the screening table then says where each one's step goes.
+    profile_top: int = 0
     # Filled at sweep time with the searched keys (what the arms differ in).
     params: Optional[dict] = None
 
@@ -86,13 +91,15 @@ def register() -> None:
 class LayoutSweeperImpl(Sweeper):
     def __init__(self, top_k: int = 0, micro_batch_sizes: list[int] | None = None, table_rows: int = 15,
                  screen_warmup: int = 3, screen_window: list[int] | None = None, validate_steps: int = 50,
-                 params: dict | None = None, dispatchers: list[str] | None = None, ep_overlap: list[bool] | None = None):
+                 params: dict | None = None, dispatchers: list[str] | None = None, ep_overlap: list[bool] | None = None,
+                 profile_top: int = 0):
         super().__init__()
         self.top_k, self.micro_batch_sizes, self.table_rows = top_k, micro_batch_sizes, table_rows
         self.dispatchers = list(dispatchers) if dispatchers else None
         self.ep_overlap = list(ep_overlap) if ep_overlap else None
         self.screen_warmup, self.screen_window = screen_warmup, list(screen_window or [4, 11])
         self.validate_steps = validate_steps
+        self.profile_top = profile_top
         self.config: DictConfig | None = None
         self.launcher = None
         self.hydra_context = None
@@ -195,7 +202,8 @@ class LayoutSweeperImpl(Sweeper):
                 sweep_dir: Path) -> tuple[dict, list]:
         first, last = self.screen_window
         contract = [f"contract.warmup_steps={self.screen_warmup}", f"contract.window=[{first},{last}]"]
-        jobs = [[*base, *c["overrides"], *contract] for c in top]
+        jobs = [[*base, *c["overrides"], *contract, *(["profile=window"] if i < self.profile_top else [])]
+                for i, c in enumerate(top)]
         log.info("screening %d layouts (the leading tied set) through %s", len(jobs), type(self.launcher).__name__)
         returns = self.launcher.launch(jobs, initial_job_idx=0)
         arms = []
@@ -225,7 +233,19 @@ def _arm(candidate: dict, res: dict | None, job_dir: Path | None) -> dict:
     if res:
         arm["samples_ms"] = Run(job_dir, res).window_steps
         arm["tokens_per_s_per_gpu"] = res.get("tokens_per_s_per_gpu")
+        arm["profile"] = res.get("profile")  # profile_top: the slowest rank's walls over the profiled steps
     return arm
+
+
+def _walls(arm: dict) -> str:
+    """Where a profiled arm's step goes, per step: "compute 61 · exposed comm 22 · host 17 ms"."""
+    p = arm.get("profile")
+    if not p or not p.get("wall_ms"):
+        return ""
+    n = p["steps"][1] - p["steps"][0] + 1
+    shown = (("compute_ms", "compute"), ("exposed_communication_ms", "exposed comm"), ("host_ms", "host"),
+             ("memcpy_ms", "memcpy"), ("idle_ms", "idle"))
+    return " · ".join(f"{label} {p[k] / n:.0f}" for k, label in shown if p.get(k)) + " ms"
 
 
 def rank_measured(arms: list[dict], noise: float) -> dict:
@@ -322,8 +342,10 @@ def render_screening(table: dict):
 
     t = Table(title=f"screening: measured steady step time (95 % interval), ties within the noise floor "
                     f"{table['noise_floor']:.0%}", title_justify="left")
-    for col in ("measured", "predicted", "layout", "step ms", "95 % interval", "tokens/s/GPU", "vs fastest"):
-        t.add_column(col, justify="left" if col == "layout" else "right")
+    profiled = any(a.get("profile") for a in table["arms"])
+    for col in ("measured", "predicted", "layout", "step ms", "95 % interval", "tokens/s/GPU", "vs fastest",
+                *(("walls per profiled step",) if profiled else ())):
+        t.add_column(col, justify="left" if col in ("layout", "walls per profiled step") else "right")
     for a in table["arms"]:
         if a.get("measured_rank") is None:
             t.add_row("-", str(a["predicted_rank"]), a["layout"], "[red]failed[/]", "", "", a["dir"])
@@ -331,20 +353,22 @@ def render_screening(table: dict):
         vs = "fastest" if a["vs_best"] is None else (
             f"{a['vs_best']['rel_step_time']:+.1%} " + ("(tie)" if a["tie_with_best"] else "(slower)"))
         t.add_row(str(a["measured_rank"]), str(a["predicted_rank"]), a["layout"], f"{a['step_ms']:.1f}",
-                  f"{a['ci_ms'][0]:.1f} .. {a['ci_ms'][1]:.1f}", f"{a['tokens_per_s_per_gpu']:.1f}", vs)
+                  f"{a['ci_ms'][0]:.1f} .. {a['ci_ms'][1]:.1f}", f"{a['tokens_per_s_per_gpu']:.1f}", vs,
+                  *((_walls(a),) if profiled else ()))
     return t
 
 
 def screening_markdown(table: dict) -> str:
-    lines = ["| measured | predicted | layout | step ms | 95 % interval | vs fastest |", "|---|---|---|---|---|---|"]
+    lines = ["| measured | predicted | layout | step ms | 95 % interval | vs fastest | walls per profiled step |",
+             "|---|---|---|---|---|---|---|"]
     for a in table["arms"]:
         if a.get("measured_rank") is None:
-            lines.append(f"| - | {a['predicted_rank']} | {a['layout']} | failed | | |")
+            lines.append(f"| - | {a['predicted_rank']} | {a['layout']} | failed | | | |")
             continue
         vs = "fastest" if a["vs_best"] is None else f"{a['vs_best']['rel_step_time']:+.1%}" + (
             " (tie)" if a["tie_with_best"] else "")
         lines.append(f"| {a['measured_rank']} | {a['predicted_rank']} | {a['layout']} | {a['step_ms']:.1f} | "
-                     f"{a['ci_ms'][0]:.1f} .. {a['ci_ms'][1]:.1f} | {vs} |")
+                     f"{a['ci_ms'][0]:.1f} .. {a['ci_ms'][1]:.1f} | {vs} | {_walls(a)} |")
     if table.get("validate"):
         lines += ["", f"Validate: `{table['validate']['command']}`"]
     return "\n".join(lines) + "\n"

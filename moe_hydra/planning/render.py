@@ -85,6 +85,10 @@ def plan_table(plan: dict[str, Any]):
     _memory_rows(t, plan)
     label = plan["label"] + (f": {'; '.join(plan['label_reasons'])}" if plan["label_reasons"] else "")
     t.add_row("label", label)
+    steps, window = plan.get("profile_steps"), plan["contract"]["timing"]["window"]
+    t.add_row("steps", f"{plan['train_iters']}: warmup {plan['contract']['timing']['warmup_steps']}, measured "
+              f"{window[0]}..{window[1]}" + (f", profiled {steps[0]}..{steps[1]} (profile.json: the step's walls)"
+                                             if steps else "; add profile=window to profile the steps after them"))
     t.add_row("contract", f"{plan['contract_hash']} (full {plan['contract_full_hash']})"
               + (f", excluding swept {', '.join(plan['swept'])}" if plan["swept"] else ""))
     mc = plan["megatron_core"]

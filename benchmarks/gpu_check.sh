@@ -13,6 +13,8 @@
 #   runs       stage=run of tiny_moe and of Qwen3-30B-A3B cut to 4 layers (seq 1024, GBS 8) at MBS 1 and 4, local
 #              spec (no Transformer Engine): results.json with step time, TFLOP/s, the allocator's peak and the
 #              memory phases (after the first step, forward/backward, optimizer step)
+#   profile    tiny_moe with profile=window: profile.json with CUDA activities, kernel time > 0, walls summing
+#              to the window
 #   rows       benchmarks/gpu_rows.py: those runs as rows of benchmarks/data/measured_runs.yaml (source moe-hydra-gpu)
 # Then: $OUT/gpu_check.tgz holds logs/, runs/, junit.xml, measured_rows.yaml, summary.txt.
 set -uo pipefail
@@ -61,6 +63,20 @@ for mbs in 1 4; do
   step "run_qwen3_30b_slice_mbs$mbs" 600 "$PY" -m moe_hydra "$SLICE_STAGE" "${GPU[@]}" "${LOCAL[@]}" "${SLICE[@]}" \
     "train.micro_batch_size=$mbs" "hydra.run.dir=$OUT/runs/qwen3_30b_slice_mbs$mbs"
 done
+
+# ---------------------------------------------------------------- the profile stage with CUDA activities
+step run_profile_tiny_moe 600 "$PY" -m moe_hydra stage=run "${GPU[@]}" "${LOCAL[@]}" profile=window \
+  "hydra.run.dir=$OUT/runs/profile_tiny_moe"
+step profile_check 60 "$PY" - "$OUT/runs/profile_tiny_moe/profile.json" "$DRY" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1])); s = d["slowest_rank"]; gpu = sys.argv[2] == "0"
+exclusive = sum(s[k] for k in ("compute_ms", "exposed_communication_ms", "memcpy_ms", "host_ms", "idle_ms"))
+print(json.dumps({k: s[k] for k in ("device", "wall_ms", "compute_ms", "communication_ms", "exposed_communication_ms",
+                                    "memcpy_ms", "host_ms", "idle_ms")}), d["activities"], d["step_time_ms"])
+assert abs(exclusive - s["wall_ms"]) <= 0.01 * s["wall_ms"], "the walls do not sum to the window"
+assert not gpu or (d["activities"] == ["CPU", "CUDA"] and s["device"] == "cuda" and s["compute_ms"] > 0), "no kernels"
+print("top kernels:", s["top_compute"][:5])
+PY
 
 # ---------------------------------------------------------------- the runs as dataset rows, and the archive
 step rows 120 "$PY" benchmarks/gpu_rows.py "$OUT/runs" "$OUT/measured_rows.yaml"

@@ -197,6 +197,10 @@ FIELDS: dict[str, tuple[Check, str]] = {
     "label_reasons": (items(string), "why benchmark-only"),
     "evidence": (mapping(null=True), "what was built"),
     "peak_memory_gib": (mapping(null=True, values=METRIC), "allocated, reserved or rss, GiB"),
+    "profile": (mapping(null=True), "profile=window: the slowest rank's walls (profile.json has the rest)"),
+    "profile.steps": (pair(), "the profiled [first, last]"),
+    **{f"profile.{k}": (number(0, null=False), "ms summed over the profiled steps") for k in (
+        "wall_ms", "compute_ms", "communication_ms", "exposed_communication_ms", "memcpy_ms", "host_ms", "idle_ms")},
 }
 
 

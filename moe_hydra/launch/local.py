@@ -3,18 +3,24 @@
 :func:`implementation` detects what the job will build here (Transformer Engine or not, ...) for the
 resolved plan of ``stage=run``; :func:`machine` is the job's own check of the machine that runs it (plans
 are made anywhere): GPUs present, cores enough, DeepEP/HybridEP/Transformer Engine installed when the
-config needs them, each refusal a violation with an id (H01..H07). Both run before any process starts.
+config needs them, Nsight Systems when ``profile.tool=nsys``, each refusal a violation with an id (H01..H08).
+Both run before any process starts.
 :func:`launch_local` starts ``world_size`` ranks with torch's elastic launcher (c10d rendezvous on localhost,
-spawn), rank 0's output on the console and the other ranks' output in ``<job dir>/ranks/``.
+spawn), rank 0's output on the console and the other ranks' output in ``<job dir>/ranks/``. With
+``profile.tool=nsys`` each rank is a program of its own (``python -m moe_hydra.job.rank``) run under
+``nsys profile`` (:func:`nsys_command`), whose capture range is the profiled steps.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import pickle
 import re
+import shutil
 import signal
 import socket
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -96,7 +102,54 @@ def machine(r: Resolved, inside_allocation: bool = False) -> list[Violation]:
     if cfg.kernels.moe_grouped_gemm and hw.arch != "cpu" and not (te or _has("grouped_gemm")):
         out.append(V("H07", "grouped-GEMM experts need Transformer Engine or the grouped_gemm package",
                      "kernels.moe_grouped_gemm=false", kernels__moe_grouped_gemm=True))
+    if uses_nsys(cfg) and shutil.which("nsys") is None:
+        out.append(V("H08", "profile.tool=nsys needs Nsight Systems (nsys) on PATH; it is not on this machine",
+                     "profile.tool=torch", profile__tool="nsys"))
     return out
+
+
+NSYS_DIR = "profile"  # <job dir>/profile/nsys.rank<N>.nsys-rep
+
+
+def uses_nsys(cfg: Any) -> bool:
+    """The job profiles with Nsight Systems: each rank runs under ``nsys profile`` (:func:`nsys_command`)."""
+    return cfg.profile.name != "none" and cfg.profile.tool == "nsys"
+
+
+def nsys_command(out_dir: Path, rank_var: str = "RANK") -> list[str]:
+    """The ``nsys profile`` argv that a rank's command follows: nothing is collected until the job calls
+    ``cudaProfilerStart`` at the first profiled step, and collection stops at its ``cudaProfilerStop`` after the
+    last one while the run goes on (moe_hydra.job.profile); one report per rank,
+    ``<out_dir>/profile/nsys.rank<N>.nsys-rep``.
+
+    ``rank_var``: the environment variable that holds the rank when nsys starts, which nsys expands in the
+    report's name (``%q{VAR}``): ``RANK`` under torch's elastic launcher, ``SLURM_PROCID`` in a Slurm task
+    (torch's variables are exported later, by the job itself).
+
+    Options as the Nsight Systems User Guide spells them ("CLI Profile Command Switch Options",
+    https://docs.nvidia.com/nsight-systems/UserGuide/index.html#cli-profile-command-switch-options), the
+    capture range as NVIDIA's Megatron recipe uses it (``--capture-range=cudaProfilerApi
+    --capture-range-end=stop``, https://docs.nvidia.com/nemo/megatron-bridge/latest/training/profiling.html):
+
+    - ``--capture-range=cudaProfilerApi``: collect only between cudaProfilerStart and cudaProfilerStop;
+    - ``--capture-range-end=stop``: at the end of the range stop collecting and let the run continue (the
+      default, ``stop-shutdown``, would end the application there: the steps after the window and the
+      results would be lost);
+    - ``--trace=cuda,nvtx,osrt``: CUDA API and kernels, NVTX ranges, OS runtime calls;
+    - ``--sample=none``: no CPU IP/backtrace sampling; ``--cuda-memory-usage=false``: no per-allocation
+      tracking (both add overhead to the steps measured);
+    - ``--force-overwrite=true``: a rerun into the same directory replaces its reports;
+    - ``--output=...%q{VAR}``: ``%q{VAR}`` is replaced with the value of the environment variable VAR.
+    """
+    return ["nsys", "profile", "--capture-range=cudaProfilerApi", "--capture-range-end=stop",
+            "--trace=cuda,nvtx,osrt", "--sample=none", "--cuda-memory-usage=false", "--force-overwrite=true",
+            f"--output={Path(out_dir) / NSYS_DIR}/nsys.rank%q{{{rank_var}}}"]
+
+
+def rank_wrapper(cfg: Any, out_dir: Path) -> list[str]:
+    """The command each local rank runs under (an argv prefix): :func:`nsys_command` for ``profile.tool=nsys``;
+    empty otherwise (the ranks run :func:`moe_hydra.job.train.worker` in-process)."""
+    return nsys_command(out_dir) if uses_nsys(cfg) else []
 
 
 def _free_port() -> int:
@@ -121,11 +174,18 @@ class JobStopped(RuntimeError):
         super().__init__(f"the job was stopped by {signame}\n  per-rank logs: {logs}")
 
 
-def launch_local(spec: dict[str, Any], world_size: int, out_dir: Path) -> dict[str, Any]:
+def launch_local(spec: dict[str, Any], world_size: int, out_dir: Path, *,
+                 wrapper: list[str] | None = None) -> dict[str, Any]:
     """Run ``moe_hydra.job.train.worker(spec)`` on ``world_size`` local processes; rank 0's results.
 
     A signal to this process (SIGINT, SIGTERM, SIGUSR2) reaches the ranks through torch's elastic agent, which
     forwards it before it ends them; the ranks finish their step and record it (:mod:`moe_hydra.job.train`).
+
+    ``wrapper``: an argv prefix each rank runs under; None takes the config's (:func:`rank_wrapper`: ``nsys
+    profile ...`` for ``profile.tool=nsys``). With one, each rank is the program ``<wrapper> python -m
+    moe_hydra.job.rank <job dir>/ranks/spec.pkl`` (torch's elastic launcher runs binaries too), and rank 0's
+    results are read back from ``<job dir>/results.json``; without one (the default), ``worker`` runs in
+    the spawned processes and returns them.
 
     Raises:
         JobFailed: a rank failed.
@@ -139,6 +199,18 @@ def launch_local(spec: dict[str, Any], world_size: int, out_dir: Path) -> dict[s
     from moe_hydra.job.train import worker
 
     logs = out_dir / "ranks"
+    if wrapper is None:
+        wrapper = rank_wrapper(spec["resolved"].cfg, out_dir)
+    if wrapper:  # each rank a program of its own, under the wrapper
+        logs.mkdir(parents=True, exist_ok=True)
+        (out_dir / NSYS_DIR).mkdir(parents=True, exist_ok=True)
+        (out_dir / "results.json").unlink(missing_ok=True)  # rank 0 writes it again: nothing stale is read back
+        spec_file = logs / "spec.pkl"
+        spec_file.write_bytes(pickle.dumps(spec))
+        entrypoint: Any = shutil.which(wrapper[0]) or wrapper[0]
+        args: tuple = (*wrapper[1:], sys.executable, "-m", "moe_hydra.job.rank", str(spec_file))
+    else:
+        entrypoint, args = worker, (spec,)
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=world_size, run_id=uuid.uuid4().hex[:8],
         rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{_free_port()}", max_restarts=0, start_method="spawn",
@@ -151,7 +223,7 @@ def launch_local(spec: dict[str, Any], world_size: int, out_dir: Path) -> dict[s
 
     previous = signal.signal(signal.SIGUSR2, forward)  # Slurm's and submitit's warning; torch leaves it out
     try:
-        returns = elastic_launch(config, worker)(spec)
+        returns = elastic_launch(config, entrypoint)(*args)
     except SignalException as e:
         raise JobStopped(signal.Signals(e.sigval).name, logs) from None
     except ChildFailedError as e:
@@ -160,8 +232,40 @@ def launch_local(spec: dict[str, Any], world_size: int, out_dir: Path) -> dict[s
         stopped = re.search(r"Stopped: stopped by (SIG\w+)", message)
         if stopped:
             raise JobStopped(stopped.group(1), logs) from None
+        if wrapper and _stop_signal(failure.exitcode):  # moe_hydra.job.rank exits 128 + the signal's number
+            raise JobStopped(_stop_signal(failure.exitcode), logs) from None
         raise JobFailed(rank, message.strip().splitlines()[-1] if message.strip() else f"exit code {failure.exitcode}",
                         logs) from None
     finally:
         signal.signal(signal.SIGUSR2, previous)
-    return returns[0]
+    if not wrapper:
+        return returns[0]
+    return _rank0_results(out_dir, logs)
+
+
+def _stop_signal(exitcode: int) -> str | None:
+    """The stop signal (:data:`moe_hydra.core.results.SIGNALS`) behind a rank's exit code 128 + N, else None."""
+    from moe_hydra.core.results import SIGNALS
+
+    names = {128 + signal.Signals[name].value: name for name in SIGNALS}
+    return names.get(exitcode)
+
+
+# what the caller reads of a complete run (moe_hydra.app._run_job)
+NEEDED = ("steps", "window", "step_time_ms", "tokens_per_s_per_gpu", "tflops_per_gpu", "loss")
+
+
+def _rank0_results(out_dir: Path, logs: Path) -> dict[str, Any]:
+    """Rank 0's results, read back from ``results.json`` (a rank that is a program returns no Python value),
+    through the file's schema (:mod:`moe_hydra.core.results`). A run the file tells failed or stopped raises
+    as one the launcher saw: the wrapper need not pass the rank's exit code on."""
+    from moe_hydra.core import results as schema
+
+    res, warning = schema.read(out_dir / "results.json", need=NEEDED)
+    if res is None:
+        raise JobFailed(0, f"no usable results from rank 0: {warning}", logs)
+    if res["status"] in schema.STOPPED:
+        raise JobStopped(res.get("signal") or "SIGTERM", logs)
+    if res["status"] != schema.OK:
+        raise JobFailed(0, str(res.get("error") or f"status {res['status']}").strip().splitlines()[-1], logs)
+    return res

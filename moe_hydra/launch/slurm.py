@@ -10,7 +10,9 @@ moe_hydra's launcher extends hydra-submitit-launcher's ``SlurmLauncher`` where t
 - it waits for *every* job, then reports each with its real Slurm state and the tail of its error
   (never "completed" for a job that raised, timed out or was cancelled), writes ``sweep.json`` and
   prints a table; the command exits non-zero when a point did not complete;
-- the config schema adds ``srun_args``, missing from the 1.2.0 PyPI release.
+- the config schema adds ``srun_args``, missing from the 1.2.0 PyPI release;
+- a point with ``profile.tool=nsys`` runs each task under ``nsys profile`` (:func:`nsys_python`): submitit's
+  ``python`` command, which the job script's ``srun`` line starts, becomes ``nsys profile <options> python``.
 
 On the compute node each Slurm task runs the Hydra job once; :func:`task_environment` turns Slurm's
 variables into torch.distributed's (submitit's ``TorchDistributedEnvironment``).
@@ -21,6 +23,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +40,7 @@ from moe_hydra.core import io
 from moe_hydra.core.resolved import resolve
 from moe_hydra.core.schema import Stage, typed
 from moe_hydra.core.violations import LayoutError
+from moe_hydra.launch import local
 from moe_hydra.launch import state as sweep
 
 log = logging.getLogger("moe_hydra")
@@ -85,6 +90,28 @@ def task_environment() -> None:
     submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
 
 
+def nsys_python(point_dir: Path) -> str:
+    """submitit's ``python`` command for a point profiled with Nsight Systems: ``nsys profile <options>
+    <this python>``, so the job script's ``srun ... <python> -u -m submitit.core._submit`` runs every task
+    under nsys (:func:`moe_hydra.launch.local.nsys_command`; a task's rank is ``SLURM_PROCID`` when nsys
+    starts, which names its report ``<point dir>/profile/nsys.rank<N>.nsys-rep``)."""
+    argv = [*local.nsys_command(point_dir, rank_var="SLURM_PROCID"), sys.executable]
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def nsys_setup(point_dir: Path) -> list[str]:
+    """Job-script lines before ``srun`` for a point profiled with Nsight Systems (after ``launcher.setup``, which
+    may load it): the node must have ``nsys`` on PATH, else the job ends at once with the machine check's
+    message in the point's error (``H08``; srun would only say that it cannot execute ``nsys``); and the
+    reports' directory exists."""
+    return [
+        ('command -v nsys >/dev/null || { echo "moe_hydra: [H08] profile.tool=nsys needs Nsight Systems (nsys) on '
+         'PATH; it is not on $(hostname). fix: profile.tool=torch, or put nsys on PATH with launcher.setup" >&2; '
+         'exit 2; }'),
+        f"mkdir -p {shlex.quote(str(Path(point_dir) / local.NSYS_DIR))}",
+    ]
+
+
 class SlurmLauncherImpl(_SubmititSlurmLauncher):
     """The launcher's logic; Hydra instantiates ``hydra_plugins.moe_hydra_launcher.SlurmLauncher``."""
 
@@ -94,18 +121,32 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
             cfg.hydra.job.num = num
         return cfg
 
+    @staticmethod
+    def point_params(cfg, job_cfg, point_dir: Path) -> dict[str, Any]:
+        """A point's executor parameters (:meth:`_executor`): its own ``hydra.launcher`` (resources), and for
+        ``profile.tool=nsys`` the command for python and the lines after ``launcher.setup`` (:func:`nsys_python`,
+        :func:`nsys_setup`); the reports' directory is in them, so such a point is a job of its own."""
+        params = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
+        params.pop("_target_", None)
+        if local.uses_nsys(job_cfg):
+            params["python"], params["setup_after"] = nsys_python(point_dir), nsys_setup(point_dir)
+        return params
+
     def _executor(self, params: dict[str, Any]):
         import submitit
 
         params = dict(params)
         lc = self.config.launcher
+        # the point's own command for python and the lines after launcher.setup (profile.tool=nsys: nsys_python)
+        python, setup_after = params.pop("python", None), params.pop("setup_after", None) or []
         # a rank that dies takes the others down instead of leaving them waiting in a collective
         params["srun_args"] = ["--kill-on-bad-exit=1", *(params.get("srun_args") or []), *lc.srun_args]
-        params["setup"] = [*(params.get("setup") or []), *lc.setup] or None
+        params["setup"] = [*(params.get("setup") or []), *lc.setup, *setup_after] or None
         params["additional_parameters"] = {**(params.get("additional_parameters") or {}),
                                            **OmegaConf.to_container(lc.additional_parameters)}
         executor = submitit.AutoExecutor(folder=params.pop("submitit_folder"), cluster="slurm",
-                                         slurm_max_num_timeout=params.pop("max_num_timeout"))
+                                         slurm_max_num_timeout=params.pop("max_num_timeout"),
+                                         **({"slurm_python": python} if python else {}))
         base = set(OmegaConf.structured(BaseQueueConf).keys())
         executor.update_parameters(**{k if k in base else f"slurm_{k}": v for k, v in params.items()
                                       if v is not None or k in base})
@@ -149,8 +190,7 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
             log.info("\t#%d : %s", num, " ".join(p.overrides))
             # Resources come from each point's own config: a sweep over hardware.devices_per_node or
             # launcher.timeout_min gives each point its own tasks and time (one job array per set).
-            params = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
-            params.pop("_target_", None)
+            params = self.point_params(cfg, job_cfg, point_dir)
             key = json.dumps(params, sort_keys=True)
             submit.append((key, p, (list(overrides), "hydra.sweep.dir", num, f"job_id_for_{num}",
                                     Singleton.get_state())))

@@ -3,6 +3,8 @@
     python -m moe_hydra.compare DIR [DIR ...] [--variable KEY ...] [--baseline ARM] [--out DIR]   the A/B verdicts
     python -m moe_hydra.compare --accept DIR                                                      the validation gate
     python -m moe_hydra.compare --diff RUN_A RUN_B                                   what changed, which wall moved
+    python -m moe_hydra.compare --accept RUN --save-baseline FILE                     keep it as golden values
+    python -m moe_hydra.compare --against FILE DIR [DIR ...]                          judge runs against them
 
 Runs profiled with ``profile=window`` (profile.json) say which wall moved: compute, communication (and its
 exposed part), host, memcpy or idle, in ms/step with an interval (:mod:`moe_hydra.analysis.profiles`), in the
@@ -32,7 +34,8 @@ the same config. Repeat the arms (repeat=0,1,2) and the run is the unit, its var
 Output (:mod:`moe_hydra.analysis.report`): a table on the terminal, and ``compare.md`` and ``compare.png`` (step-time distributions per arm) in
 ``--out``, by default the first directory when it is writable, else the current directory; the paths are
 printed. Exit code 0 whatever the verdict; 1 for an error (the output could not be written); 2 for a refusal
-or bad input (nothing to compare, no complete run to accept, a bad --noise-floor).
+or bad input (nothing to compare, no complete run to accept, a bad --noise-floor, a bad baseline file); 3 when
+``--against`` finds a run that regressed (:mod:`moe_hydra.analysis.baseline`).
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moe_hydra.analysis import profiles, report
+from moe_hydra.analysis import baseline, profiles, report
 from moe_hydra.core import contract as contracts
 from moe_hydra.core import results, stats
 
@@ -449,6 +452,27 @@ def _not_compared(loaded: Loaded) -> list[str]:
     return loaded.rejected + [_stop(r) for r in loaded.stopped]
 
 
+def _against(out, args: argparse.Namespace, loaded: Loaded, warn: Warn) -> int:
+    """--against BASELINE: every complete run judged against the baseline file (moe_hydra.analysis.baseline)."""
+    try:
+        golden = baseline.load(args.against)
+    except baseline.BadBaseline as e:
+        raise Refused(str(e)) from None
+    if not loaded.runs:
+        raise Refused("no complete run to judge" + "".join(f"\n  {m}" for m in _not_compared(loaded)))
+    judged = [baseline.judge(golden, r.path, r.results, r.window_steps, args.variable or [], args.noise_floor)
+              for r in loaded.runs]
+    out.print(baseline.table(golden, judged))
+    for m in _not_compared(loaded):
+        warn(f"not judged: {m}")
+    if all(j.refused for j in judged):
+        raise Refused("no run shares the baseline's contract (see the table)")
+    regressed = [j for j in judged if j.regressed]
+    out.print(f"{len(regressed)} of {len(judged)} run(s) regressed against {args.against}"
+              if regressed else f"no regression against {args.against}", highlight=False, markup=False)
+    return baseline.EXIT_REGRESSED if regressed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m moe_hydra.compare", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -461,7 +485,13 @@ def main(argv: list[str] | None = None) -> int:
                     "directory when writable, else the current directory)")
     ap.add_argument("--accept", action="store_true", help="the acceptance gate of the validate phase")
     ap.add_argument("--diff", action="store_true", help="regression diagnosis of two run directories")
+    ap.add_argument("--save-baseline", type=Path, metavar="FILE", help="with --accept: keep the accepted run as a "
+                    "baseline file (golden values with their intervals)")
+    ap.add_argument("--against", type=Path, metavar="BASELINE", help="judge the runs under the directories against "
+                    f"a baseline file; exit {baseline.EXIT_REGRESSED} when one regressed")
     args = ap.parse_args(argv)
+    if args.save_baseline and not args.accept:
+        ap.error("--save-baseline keeps an accepted run: give it with --accept")
     from moe_hydra.core.io import console
 
     out = console()
@@ -480,6 +510,8 @@ def main(argv: list[str] | None = None) -> int:
                               + "".join(f"\n  {m}" for m in _not_compared(loaded)))
             report.print_diff(out, diagnose(*runs, warn, args.noise_floor))
             return 0
+        if args.against:
+            return _against(out, args, loaded, warn)
         variables = args.variable or sorted({k for r in runs for k in r.results.get("swept", [])
                                              if k not in NOT_ARM_VARIABLES})
         if args.accept:
@@ -492,6 +524,11 @@ def main(argv: list[str] | None = None) -> int:
             out.print("[bold green]accepted[/bold green] — evidence bundle:")
             for block in bundle:
                 out.print(block, highlight=False, markup=False)
+            if args.save_baseline:
+                if len(runs) != 1:
+                    raise Refused(f"--save-baseline keeps one run; {len(runs)} were accepted")
+                baseline.save(baseline.make(runs[0].path, runs[0].results, runs[0].window_steps), args.save_baseline)
+                out.print(f"baseline written: {args.save_baseline}", highlight=False, markup=False)
             return 0
         comps = compare(runs, variables, args.baseline, args.noise_floor, warn)
     except Refused as e:

@@ -15,6 +15,7 @@
 #              memory phases (after the first step, forward/backward, optimizer step)
 #   profile    tiny_moe with profile=window: profile.json with CUDA activities, kernel time > 0, walls summing
 #              to the window
+#   harness    benchmarks/harness_overhead.py on the GPU: moe_hydra's step against a bare Megatron-Core loop
 #   rows       benchmarks/gpu_rows.py: those runs as rows of benchmarks/data/measured_runs.yaml (source moe-hydra-gpu)
 # Then: $OUT/gpu_check.tgz holds logs/, runs/, junit.xml, measured_rows.yaml, summary.txt.
 set -uo pipefail
@@ -77,6 +78,10 @@ assert abs(exclusive - s["wall_ms"]) <= 0.01 * s["wall_ms"], "the walls do not s
 assert not gpu or (d["activities"] == ["CPU", "CUDA"] and s["device"] == "cuda" and s["compute_ms"] > 0), "no kernels"
 print("top kernels:", s["top_compute"][:5])
 PY
+
+# ---------------------------------------------------------------- the harness against a bare Megatron-Core loop
+if (( DRY )); then HARNESS=(--repeats 1 --steps 12); else HARNESS=(--repeats 3 --hardware h200_sxm); fi
+step harness_overhead 900 "$PY" benchmarks/harness_overhead.py --procs 1 "${HARNESS[@]}"
 
 # ---------------------------------------------------------------- the runs as dataset rows, and the archive
 step rows 120 "$PY" benchmarks/gpu_rows.py "$OUT/runs" "$OUT/measured_rows.yaml"

@@ -1,0 +1,167 @@
+"""The config groups' presets as literal values: what ingest compares flags against, without composing.
+
+Ingest needs two things from the presets, hundreds of times a second (the layout search exports its top layouts,
+the benchmark every preset): which option of a group the flags match (``flex`` + ``deepep`` is ``dispatcher=deepep``),
+and which of the keys it derived from the flags the chosen presets already set (those are not printed again). Both
+read ``conf/<group>/<option>.yaml`` as written — its ``# @package`` placement, its values — over the schema's
+defaults, in the order of ``conf/config.yaml``'s defaults list, which is what Hydra composes for presets without
+defaults lists of their own. Interpolations resolve when they name one key (``${model.seq_length}``,
+``${.devices_per_node}``, ``${contract.window[1]}``); anything else counts as unknown, and an unknown value is never
+taken as equal. A site configuration (``MOE_HYDRA_SITE``) or an experiment can set any key: with either, nothing is
+left out.
+
+Pure: the standard library, omegaconf (YAML), moe_hydra.core.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from typing import Any
+
+from moe_hydra.core.schema import Config, conf_dir, site_dir
+
+UNKNOWN = object()
+_PACKAGE = re.compile(r"^#\s*@package\s+(\S+)")
+_REF = re.compile(r"^\$\{(\.?)([\w.]+?)(?:\[(\d+)\])?\}$")
+
+
+@functools.lru_cache(maxsize=1)
+def defaults() -> tuple[tuple[str, str | None], ...]:
+    """(group, default option) in the order of ``conf/config.yaml``'s defaults list."""
+    from omegaconf import OmegaConf
+
+    out = []
+    for item in OmegaConf.to_container(OmegaConf.load(conf_dir() / "config.yaml"))["defaults"]:
+        if isinstance(item, dict):
+            (group, option), = item.items()
+            if " " in group or group.startswith("hydra"):  # "optional site", "override hydra/sweeper"
+                continue
+            out.append((group, option))
+    return tuple(out)
+
+
+@functools.cache
+def options(group: str) -> tuple[str, ...]:
+    return tuple(sorted(p.stem for p in (conf_dir() / group).glob("*.yaml")))
+
+
+def _flatten(node: Any, prefix: str, out: dict[str, Any]) -> None:
+    if isinstance(node, dict) and node:
+        for k, v in node.items():
+            _flatten(v, f"{prefix}{k}.", out)
+    else:
+        out[prefix[:-1]] = node
+
+
+@functools.cache
+def preset(group: str, option: str) -> dict[str, Any]:
+    """``conf/<group>/<option>.yaml`` as flat dotted keys, placed at its package."""
+    from omegaconf import OmegaConf
+
+    path = conf_dir() / group / f"{option}.yaml"
+    text = path.read_text()
+    package = group
+    for line in text.splitlines():
+        m = _PACKAGE.match(line.strip())
+        if m:
+            package = m.group(1)
+            break
+        if line.strip() and not line.startswith("#"):
+            break
+    node = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    node.pop("defaults", None)
+    node.pop("hydra", None)
+    out: dict[str, Any] = {}
+    _flatten(node, "" if package == "_global_" else f"{package}.", out)
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def schema_defaults() -> dict[str, Any]:
+    """Every leaf of the schema with its default (``${...}`` for interpolated defaults); mandatory ones left out."""
+    out: dict[str, Any] = {}
+
+    def walk(cls: type, prefix: str) -> None:
+        for f in dataclasses.fields(cls):
+            if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+                v = f.default_factory()  # type: ignore[misc]
+                if dataclasses.is_dataclass(v):
+                    walk(type(v), f"{prefix}{f.name}.")
+                    continue
+            else:
+                v = f.default
+            if v == "???" or v is dataclasses.MISSING:
+                continue
+            out[f"{prefix}{f.name}"] = getattr(v, "value", v)
+
+    walk(Config, "")
+    return out
+
+
+def literal(choices: dict[str, str | None], key_overrides: list[tuple[str, Any]]) -> dict[str, Any] | None:
+    """The values a composition would give the keys the presets (and ``key_overrides``) set literally; None when
+    a site configuration or an experiment could set anything."""
+    if site_dir() is not None or choices.get("experiment"):
+        return None
+    base = dict(schema_defaults())
+    for group, default in defaults():
+        option = choices.get(group, default)
+        if option is None:
+            continue
+        if option not in options(group):
+            return None
+        base.update(preset(group, option))
+    for key, value in key_overrides:
+        base[key] = value
+    return {k: _resolve(base, k, v) for k, v in base.items()}
+
+
+def _resolve(base: dict[str, Any], key: str, v: Any, depth: int = 0) -> Any:
+    if not isinstance(v, str) or "${" not in v:
+        return v
+    m = _REF.match(v.strip())
+    if not m or depth > 8:
+        return UNKNOWN
+    relative, path, index = m.groups()
+    target = f"{key.rsplit('.', 1)[0]}.{path}" if relative else path
+    if target not in base:
+        return UNKNOWN
+    x = _resolve(base, target, base[target], depth + 1)
+    if index is not None:
+        try:
+            return x[int(index)]
+        except (TypeError, IndexError, KeyError):
+            return UNKNOWN
+    return x
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal as config values: bools only equal bools, numbers by value, sequences item by item."""
+    if a is UNKNOWN or b is UNKNOWN:
+        return False
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return float(a) == float(b)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def mismatches(group: str, option: str, values: dict[str, Any], section: str | None = None) -> list[str]:
+    """The keys of ``values`` under ``section`` (the group's name by default) that ``group=option`` (over the
+    schema's defaults) sets otherwise."""
+    p, d = preset(group, option), schema_defaults()
+    prefix = (section or group) + "."
+    out = []
+    for k, v in values.items():
+        if not k.startswith(prefix):
+            continue
+        have = p.get(k, d.get(k, UNKNOWN))
+        if isinstance(have, str) and "${" in have:
+            continue
+        if not same(have, v):
+            out.append(k)
+    return out

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import random
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,11 +18,18 @@ from moe_hydra.planning import rules, search
 from moe_hydra.planning.rules import LayoutError
 from moe_hydra.planning.rules.base import READS, VARIED, Ctx
 from tests.conftest import compose_config
+from tests.data.fixtures import rule_datasets
 
 OLD = mcore_facts("0.16.1")
 NEW = mcore_facts("0.19.2")
 H100 = "hardware=h100_sxm"  # 8 ranks
 DSV3 = ("model=deepseek_v3", H100, "hardware.nodes=128", "mesh=dsv3_h100_1024")
+
+# Megatron indexed datasets the data rules (D) read, written once per session with the standard library.
+_DATA_DIR = tempfile.mkdtemp(prefix="moe_hydra_rules_")
+atexit.register(shutil.rmtree, _DATA_DIR, True)
+DS = rule_datasets(_DATA_DIR)
+MEGATRON = ("stage=run", "data.kind=megatron")
 
 # (rule, overrides, regex the message must match). Invalid inputs show their arithmetic inline.
 CASES = [
@@ -151,6 +161,22 @@ CASES = [
      r"does not split sequences over context-parallel ranks \(CP 2\)"),
     ("J02", ["stage=run", "optimizer.optimizer=muon"], r"Muon is planned and searched, not run"),
     ("P01", ["precision.fp8_param_gather=true"], r"fp8_param_gather keeps FP8 weights, so it needs an fp8 recipe"),
+    # data (D): the blend and split anywhere; the files for stage=run
+    ("D01", ["data.kind=megatron"], r"data\.kind=megatron needs data\.path"),
+    ("D01", [f"data.path=[{DS['bytes']}]"], r"data\.path is read by data\.kind=megatron only"),
+    ("D02", ["data.kind=megatron", f"data.path=[0.3,{DS['bytes']},{DS['wide']}]"], r"mixes weights and prefixes"),
+    ("D02", ["data.kind=megatron", f"data.path=[0,{DS['bytes']},0,{DS['wide']}]"], r"weights .* not all zero"),
+    ("D03", ["data.kind=megatron", f"data.path=[{DS['bytes']}]", 'data.split="0,1,0"'],
+     r"must give the train split a positive share"),
+    ("D04", [*MEGATRON, "data.path=[/nonexistent/moe_hydra/ds]"], r"/nonexistent/moe_hydra/ds\.bin and .*\.idx not found"),
+    ("D05", [*MEGATRON, f"data.path=[{DS['corrupt']}]"], r"is not a Megatron-Core indexed dataset index: it does not "
+     r"start with the magic"),
+    ("D05", [*MEGATRON, f"data.path=[{DS['mismatch']}]"], r"the two files are not one dataset"),
+    ("D06", [*MEGATRON, f"data.path=[{DS['bytes']}]", "model.vocab_size=200"],
+     r"258-token vocabulary .* larger than model\.vocab_size=200"),
+    ("D06", [*MEGATRON, f"data.path=[{DS['wide']}]"], r"holds token id 2000 .* not below model\.vocab_size=1024"),
+    ("D07", [*MEGATRON, f"data.path=[{DS['one_doc']}]", 'data.split="1,1,0"'],
+     r"leaves the train split none of the 1 document"),
 ]
 
 

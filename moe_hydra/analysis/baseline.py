@@ -131,9 +131,7 @@ def judge(baseline: dict[str, Any], path: Path, results: dict[str, Any], samples
     a = contracts.excluding(baseline["contract"], variables)
     b = contracts.excluding(results["contract"], variables)
     if contracts.digest(a) != contracts.digest(b):
-        from moe_hydra.analysis.compare import contract_diff
-
-        diff = contract_diff(a, b)
+        diff = contracts.diff(a, b)
         shown = "; ".join(f"{k}: {va!r} vs {vb!r}" for k, va, vb in diff[:8]) + (" ..." if len(diff) > 8 else "")
         j.refused = (f"its contract differs from the baseline's in {len(diff)} field(s): {shown} (never judged across "
                      "contracts; name the variable under test with --variable KEY)")

@@ -172,24 +172,6 @@ def _select(tree: dict[str, Any], key: str) -> Any:
     return node
 
 
-def _flat(tree: Any) -> dict[str, Any]:
-    """Dotted key -> leaf; iterative, so no nesting in a file can exhaust the stack."""
-    out: dict[str, Any] = {}
-    stack = [("", tree)]
-    while stack:
-        prefix, node = stack.pop()
-        if isinstance(node, dict):
-            stack += [(f"{prefix}.{k}" if prefix else k, v) for k, v in node.items()]
-        else:
-            out[prefix] = node
-    return out
-
-
-def contract_diff(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    fa, fb = _flat(a), _flat(b)
-    return [(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
-
-
 def _arm_name(run: Run, variables: list[str]) -> str:
     parts = []
     arm = dict(t.split("=", 1) for t in (run.results.get("tracking") or {}).get("job_type", "").split() if "=" in t)
@@ -293,7 +275,7 @@ def compare(runs: list[Run], variables: list[str] | None = None, baseline: str |
         out.append(comp)
     if not out:
         a, b = runs[0], next((r for r in runs[1:] if _arm_name(r, variables) != _arm_name(runs[0], variables)), runs[1])
-        diff = [d for d in contract_diff(contracts.excluding(a.results["contract"], variables),
+        diff = [d for d in contracts.diff(contracts.excluding(a.results["contract"], variables),
                                          contracts.excluding(b.results["contract"], variables))]
         shown = "\n  ".join(f"{k}: {va!r} vs {vb!r}" for k, va, vb in diff[:20]) or "(identical contracts, one arm)"
         raise Refused(f"no two arms share a contract apart from {', '.join(variables)}; never compared across "
@@ -309,10 +291,27 @@ EVIDENCE_FOR = {"dispatcher": "dispatcher_class", "precision": "precision_recipe
                 "mesh": "local_experts_per_rank", "parallel.expert_model_parallel_size": "local_experts_per_rank"}
 
 
+def loss_fall(r: dict[str, Any]) -> tuple[str, float, float] | None:
+    """(what is compared, the loss before, the loss after): the mean of the first min(10, warmup) steps (at least
+    one) against the steady window's mean; without per-step losses, the first step's against the last's; None when
+    the run recorded neither."""
+    loss, (first, last) = r.get("loss") or {}, r["window"]
+    per_step, head = loss.get("per_step") or [], max(1, min(10, r.get("warmup_steps") or 0))
+    window = per_step[first - 1:last]
+    if len(per_step) >= head and window:
+        return f"mean of steps 1..{head} -> window mean", sum(per_step[:head]) / head, sum(window) / len(window)
+    if isinstance(loss.get("first"), (int, float)) and isinstance(loss.get("last"), (int, float)):
+        return "first step -> last step", loss["first"], loss["last"]
+    return None
+
+
 def acceptance_problems(run: Run, variables: list[str]) -> list[str]:
     r, problems = run.results, []
     if r.get("label") != contracts.TRAINING_EQUIVALENT:
         problems.append(f"benchmark-only: {'; '.join(r.get('label_reasons', []))}")
+    elif (fall := loss_fall(r)) is None or not fall[2] < fall[1]:  # on real data the model must learn
+        problems.append("the loss does not fall on real data: " + (
+            f"{fall[1]:.4f} -> {fall[2]:.4f} ({fall[0]})" if fall else "no losses recorded"))
     first, last = r["window"]
     if last - first + 1 < ACCEPT_MIN_WINDOW:
         problems.append(f"window [{first},{last}] has {last - first + 1} steps; acceptance needs >= {ACCEPT_MIN_WINDOW}")
@@ -352,7 +351,9 @@ def accept(runs: list[Run], variables: list[str]) -> tuple[list[str], list[str]]
             f"{_fmt(r.get('tokens_per_s_per_gpu'), '.1f')} tokens/s/GPU, {_fmt(r.get('tflops_per_gpu'), '.4f')} "
             f"TFLOP/s/GPU, MFU {r.get('mfu')}\n  loss {loss['first']:.4f} -> {loss['last']:.4f}, finite "
             f"{loss.get('all_finite')}, NaN/skipped {loss.get('nan_or_skipped')}\n"
-            f"  peak memory {r.get('peak_memory_gib')}\n  evidence: {json.dumps(r.get('evidence'), sort_keys=True)}")
+            + ("" if (fall := loss_fall(r)) is None else f"  loss {'falls' if fall[2] < fall[1] else 'does not fall'}: "
+               f"{fall[1]:.4f} -> {fall[2]:.4f} ({fall[0]})\n")
+            + f"  peak memory {r.get('peak_memory_gib')}\n  evidence: {json.dumps(r.get('evidence'), sort_keys=True)}")
     return refusals, report
 
 
@@ -391,11 +392,11 @@ def diagnose(a: Run, b: Run, warn: Warn, noise_floor: float | None = None) -> di
     ra, rb = a.results, b.results
     order = ["parallel", "dispatcher", "routing", "precision", "recompute", "offload", "kernels", "overlap", "train",
              "timing", "model", "optimizer", "data", "hardware", "launcher", "software", "seed"]
-    config = sorted(contract_diff(ra["contract"], rb["contract"]),
+    config = sorted(contracts.diff(ra["contract"], rb["contract"]),
                     key=lambda d: (order.index(d[0].split(".")[0]) if d[0].split(".")[0] in order else len(order), d[0]))
     ea, eb = _env(a, warn), _env(b, warn)
     env_keys = ("versions", "env", "runtime", "slurm", "hostname", "git")
-    env = contract_diff({k: ea.get(k) for k in env_keys}, {k: eb.get(k) for k in env_keys})
+    env = contracts.diff({k: ea.get(k) for k in env_keys}, {k: eb.get(k) for k in env_keys})
     metrics = {}
     for k in METRICS:
         va, vb = ra.get(k), rb.get(k)

@@ -313,10 +313,23 @@ class TrainConfig:
 
 @dataclass(kw_only=True, slots=True)
 class DataConfig:
-    # mock = synthetic tokens (benchmark-only by definition). Real datasets plug in here.
+    """What the job trains on (docs/data.md). ``mock``: synthetic tokens, benchmark-only by definition.
+    ``megatron``: Megatron's indexed ``.bin``/``.idx`` datasets read through Megatron-Core's
+    BlendedMegatronDatasetBuilder and GPTDataset, as production runs read them."""
+
     kind: str = "mock"
-    path: Optional[str] = None
+    # Megatron's --data-path: prefixes ([A, B]), or weights and prefixes in turn ([0.3, A, 0.7, B]); strings, as
+    # on Megatron's command line (a number typed here becomes its text). data.kind=megatron only.
+    path: Optional[List[str]] = None
+    # Megatron's --split: train,valid,test weights over each prefix's documents; the job trains on the train part.
+    split: str = "969,30,1"
+    # The samples' shuffle (GPTDatasetConfig.random_seed; mock: the tokens' generator).
     seed: int = 1234
+    # Megatron's --data-cache-path: where the dataset's sample indices are cached; null: <run dir>/data_cache.
+    # Not part of the contract (it changes where, not what).
+    path_to_cache: Optional[str] = None
+    # Megatron's mmap_bin_files (--no-mmap-bin-files sets false): read the .bin through mmap or file reads.
+    mmap_bin_files: bool = True
 
 
 @dataclass(kw_only=True, slots=True)

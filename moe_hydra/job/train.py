@@ -392,12 +392,11 @@ class Job:
         from megatron.core import parallel_state as ps
 
         from moe_hydra.job import telemetry
-        from moe_hydra.job.data import MockData
+        from moe_hydra.job.data import make_data
         from moe_hydra.job.profile import Window
 
         cfg, batch, t = self.cfg, self.r.batch, self.cfg.train
-        data = MockData(cfg.model.vocab_size, batch.seq_length, batch.micro_batch_size, batch.global_batch_size,
-                        batch.micro_batches_per_step, cfg.data.seed)
+        data = make_data(self.r, out_dir)  # data.kind: mock or Megatron's indexed datasets (every rank builds it)
         dp_rank = ps.get_data_parallel_rank()
         forward_step = self._forward_step(data, tcfg)
         gpu = telemetry.open_gpu(self.local_rank) if self.on_gpu else None

@@ -327,3 +327,92 @@ def j02_job_muon(c: Ctx):
     if c.cfg.stage == "run" and c.cfg.optimizer.optimizer == "muon":
         yield V("J02", "the job builds Megatron-Core's Adam or SGD; Muon is planned and searched, not run",
                 "optimizer.optimizer=adam, or stage=plan", optimizer__optimizer="muon", stage="run")
+
+
+# --------------------------------------------------------------------------- data (D)
+
+def _data_files(c: Ctx, prefixes: list[str], path: list):
+    """D04-D07, stage=run: every prefix's files are on this machine, are one Megatron indexed dataset, fit the
+    model's vocabulary and leave the train split documents. Read with the standard library (the header, four
+    integers of the index, the tokenizer description; the token ids of a .bin without one, up to
+    core.contract.MAX_TOKEN_SCAN_BYTES), cached per file version."""
+    from moe_hydra.core import contract
+
+    vocab, found, tokenizers = c.m.vocab_size, [], {}
+    for prefix in prefixes:
+        try:
+            found.append(contract.read_index(prefix))
+        except contract.DataFileError as e:
+            if e.kind == "missing":
+                yield V("D04", f"data.path prefix {prefix}: {e}", "data.path=[<a prefix with .bin and .idx>] (make one: "
+                        "python -m moe_hydra.data prepare --out DIR/NAME FILE...)", data__path=path)
+            else:
+                yield V("D05", f"data.path prefix {prefix}: {e}", "prepare the dataset again (python -m moe_hydra.data "
+                        "prepare, or Megatron-LM's tools/preprocess_data.py), or data.path=[<another prefix>]",
+                        data__path=path)
+            continue
+        try:
+            tokenizers[prefix] = contract.read_tokenizer(prefix)
+        except contract.DataFileError as e:
+            yield V("D06", f"data.path prefix {prefix}: {e}", f"remove or rewrite {prefix}{contract.TOKENIZER_SUFFIX}",
+                    data__path=path)
+    described = {p: t for p, t in tokenizers.items() if t is not None}
+    if len({tuple(sorted(t.items())) for t in described.values()}) > 1:
+        shown = "; ".join(f"{p}: {t}" for p, t in described.items())
+        yield V("D06", f"data.path blends datasets made with different tokenizers ({shown})",
+                "data.path=[<prefixes made with one tokenizer>]", data__path=path)
+    try:
+        split = contract.parse_split(c.cfg.data.split)
+    except ValueError:
+        split = None  # D03
+    for facts in found:
+        tok = tokenizers.get(facts.prefix)
+        if tok is not None and tok["vocab_size"] > vocab:
+            yield V("D06", f"data.path prefix {facts.prefix} was made with the {tok.get('tokenizer')} tokenizer's "
+                    f"{tok['vocab_size']}-token vocabulary ({facts.prefix}{contract.TOKENIZER_SUFFIX}), larger than "
+                    f"model.vocab_size={vocab}", f"model.vocab_size={tok['vocab_size']}",
+                    data__path=path, model__vocab_size=vocab)
+        elif tok is None and contract.DTYPE_MAX[facts.dtype] >= vocab:
+            top = contract.max_token(facts)
+            if top is not None and top >= vocab:
+                yield V("D06", f"data.path prefix {facts.prefix} holds token id {top} ({facts.prefix}.bin, "
+                        f"{facts.dtype}), not below model.vocab_size={vocab}", f"model.vocab_size={top + 1} (or the "
+                        "vocabulary size of the tokenizer the data was made with)", data__path=path,
+                        model__vocab_size=vocab)
+        if split is not None and contract.train_documents(facts.documents, split) == 0:
+            yield V("D07", f"data.split={c.cfg.data.split} leaves the train split none of the {facts.documents} "
+                    f"document(s) of data.path prefix {facts.prefix}", 'data.split="969,30,1" (or more documents: '
+                    "python -m moe_hydra.data prepare --documents paragraph)", data__split=c.cfg.data.split,
+                    data__path=path)
+
+
+@rule(reads="fixed")
+def d01_d07_data(c: Ctx):
+    """What ``data.kind=megatron`` reads: a blend in Megatron's ``--data-path`` form and a split (every stage), and,
+    for stage=run, files on this machine that Megatron-Core can read and the model can embed. A plan is made
+    anywhere (the data may live on the cluster only), so stage=plan and stage=fit leave the files alone."""
+    from moe_hydra.core import contract
+
+    d = c.cfg.data
+    path = None if d.path is None else list(d.path)
+    if d.kind != "megatron":
+        if path is not None:
+            yield V("D01", f"data.path is read by data.kind=megatron only; data.kind={d.kind} would ignore it",
+                    "data.kind=megatron (or data.path=null)", data__kind=d.kind, data__path=path)
+        return
+    if not path:
+        yield V("D01", "data.kind=megatron needs data.path, Megatron's --data-path: dataset prefixes, optionally "
+                "with blend weights", "data.path=[DIR/NAME] (make one: python -m moe_hydra.data prepare --out "
+                "DIR/NAME FILE...)", data__kind="megatron", data__path=path)
+        return
+    try:
+        prefixes, _ = contract.blend(path)
+    except ValueError as e:
+        yield V("D02", str(e), "data.path=[PREFIX] or data.path=[0.3,PREFIX_A,0.7,PREFIX_B]", data__path=path)
+        return
+    try:
+        contract.parse_split(d.split)
+    except ValueError as e:
+        yield V("D03", str(e), 'data.split="969,30,1"', data__split=d.split)
+    if c.cfg.stage == "run":
+        yield from _data_files(c, prefixes, path)

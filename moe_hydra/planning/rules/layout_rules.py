@@ -31,7 +31,7 @@ _CHOICES = {
     "recompute.recompute_method": (None, "uniform", "block"),
     "kernels.cuda_graph_impl": ("none", "local", "transformer_engine", "full_iteration"),
     "optimizer.optimizer": ("adam", "sgd", "muon"),
-    "data.kind": ("mock",),
+    "data.kind": ("mock", "megatron"),
     "profile.name": ("none", "window"),
     "profile.tool": ("torch", "nsys"),
 }

@@ -20,8 +20,9 @@ ALLOWED = {
     "planning": {"core", "planning"},
     "analysis": {"core", "analysis"},  # reads files; judges them with the core's statistics
     "job": {"core", "planning", "job"},
-    "launch": {"core", "planning", "analysis", "job", "launch"},  # launchers start the job
-    "app": {"core", "planning", "analysis", "job", "launch", "app"},
+    "handoff": {"core", "handoff"},  # Megatron-LM / Bridge commands to and from the resolved plan
+    "launch": {"core", "planning", "analysis", "job", "handoff", "launch"},  # launchers start the job
+    "app": {"core", "planning", "analysis", "job", "handoff", "launch", "app"},
 }
 
 

@@ -43,6 +43,7 @@ import math
 import multiprocessing
 import os
 import sys
+import threading
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Iterator
@@ -616,11 +617,12 @@ _FORKED: tuple | None = None  # (search, candidates, tasks) for the forked worke
 
 def search_workers(candidates: int) -> int:
     """Processes for a search of this many candidates: the CPUs this process may use (its affinity, as
-    Slurm and cgroups set it), up to 8, on Linux (fork) and for large searches only; else 1.
+    Slurm and cgroups set it), up to 8, on Linux (fork) and for large searches only; else 1. Never from a process
+    that runs other threads (a torch or launcher thread holding a lock at the fork deadlocks the worker): 1 then.
     ``MOE_HYDRA_SEARCH_WORKERS`` overrides it."""
     if os.environ.get("MOE_HYDRA_SEARCH_WORKERS"):
         return max(1, int(os.environ["MOE_HYDRA_SEARCH_WORKERS"]))
-    if candidates < PARALLEL_FROM or not sys.platform.startswith("linux"):
+    if candidates < PARALLEL_FROM or not sys.platform.startswith("linux") or threading.active_count() > 1:
         return 1
     return max(1, min(8, len(os.sched_getaffinity(0))))
 

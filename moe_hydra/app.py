@@ -186,8 +186,12 @@ def run_point(cfg: DictConfig) -> str:
         Refused: the point was refused before anything started (the message is printed).
         Failed: the point started and failed.
     """
+    from moe_hydra.launch.points import detach_problem
+
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     obj = _typed(cfg)
+    if detach_problem(cfg):
+        _refuse(detach_problem(cfg))
     swept, sweep_name = _sweep_context()
     snapshot = env.snapshot()
     rank = slurm.slurm_rank()

@@ -24,7 +24,7 @@ from hydra.core.global_hydra import GlobalHydra
 from moe_hydra.core import contract
 from moe_hydra.core.env import snapshot
 from moe_hydra.core.resolved import resolve
-from moe_hydra.core.schema import CONF_PACKAGE, HardwareConfig, conf_dir, register_configs, typed
+from moe_hydra.core.schema import CONF_PACKAGE, conf_dir, register_configs, typed
 from moe_hydra.core.versions import mcore_facts
 from moe_hydra.core.violations import LayoutError
 from moe_hydra.handoff import export, ingest, table, text
@@ -442,8 +442,6 @@ def test_bridge_model_fields_are_what_the_job_gives_megatron_core(composer, ov):
     assert {k: norm(k, b["model." + k]) for k in both} == {k: norm(k, kw[k]) for k in both}
 
 
-@pytest.mark.skipif("env" not in {f.name for f in dataclasses.fields(HardwareConfig)},
-                    reason="hardware.env (the GPU kind's environment presets) lands with the campaigns work")
 def test_the_environment_travels_as_assignments_before_the_launcher(composer, tmp_path):
     ov = ["model=qwen3_30b_a3b", "hardware=b200", "mesh=ep8", "~hardware.env.USE_MNNVL",
           "hardware.env.NCCL_NVLS_ENABLE=1", "+hardware.env.NCCL_IB_HCA='mlx5_0:1,mlx5_1:1'"]

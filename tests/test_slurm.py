@@ -1,4 +1,5 @@
 """Sweeps through a real Slurm (launchers/local-slurm/start): launching, failures told truthfully, resume.
+Time limits, requeues, cancel, node failures, arrays and two-node points: tests/test_campaign.py.
 
 Skipped with a reason when no Slurm cluster answers on this machine; a failure under CI=true, where
 .ci/run starts one.
@@ -11,7 +12,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -94,42 +94,6 @@ def test_failures_and_invalid_points_are_told_and_the_rest_kept_then_resumed(tmp
     st = subprocess.run([sys.executable, "-m", "moe_hydra.sweep", "status", str(tmp_path / "sweep")],
                         capture_output=True, text=True)
     assert st.returncode == 1 and "failing on purpose" in st.stdout and "1 of 4 points complete" in st.stdout
-
-
-def test_timeout_and_cancel_are_reported_with_slurm_state_and_recorded(tmp_path):
-    # two sweeps at once, one rank each: one runs into its 1-minute limit, one is cancelled with scancel; both
-    # record the steps they measured
-    long = ["train.train_iters=100000", "contract.window=[4,100000]"]
-    (tmp_path / "t").mkdir()
-    (tmp_path / "c").mkdir()
-    timeout = sweep(tmp_path / "t", *long, "launcher.timeout_min=1", wait=False)
-    cancel = sweep(tmp_path / "c", *long, "launcher.timeout_min=5", wait=False)
-    cancelled = None
-    deadline = time.time() + 240
-    while time.time() < deadline and cancelled is None:
-        time.sleep(2)
-        out = subprocess.run(["squeue", "-h", "-o", "%i %T %l"], capture_output=True, text=True).stdout
-        for line in out.splitlines():
-            job, state, limit = line.split()
-            logs = list((tmp_path / "c" / "sweep" / ".submitit").glob(f"{job}/*_log.err"))  # the console of rank 0
-            # cancelled once it trains: a signal while Python starts is submitit's (it ignores SIGTERM)
-            if state == "RUNNING" and limit.startswith("5:") and logs and "step    2" in logs[0].read_text():
-                subprocess.run(["scancel", job], check=True)
-                cancelled = job
-    assert cancelled, "the 5-minute point never started training"
-    out_c, _ = cancel.communicate(timeout=300)
-    out_t, _ = timeout.communicate(timeout=400)
-    assert cancel.returncode == 1 and timeout.returncode == 1, out_c[-2000:] + out_t[-2000:]
-    (c,) = points(tmp_path / "c").values()
-    (t,) = points(tmp_path / "t").values()
-    assert c["state"].startswith("CANCELLED") and c["slurm_job_id"] == cancelled, c
-    # Slurm's USR2 20 s before the limit (launcher.signal_delay_s): the ranks stop and record, before the limit
-    assert t["state"] == "TERMINATED" and "stopped by SIGUSR2" in t["error"], t
-    for p, signame in ((c, "SIGTERM"), (t, "SIGUSR2")):
-        assert p["error"] and "completed successfully" not in p["error"]
-        res = json.loads((tmp_path / ("c" if p is c else "t") / "sweep" / "0" / "results.json").read_text())
-        assert res["status"] == "terminated" and res["signal"] == signame and res["steps"] >= 1, res["status"]
-        assert len(res["step_times_ms"]) == res["steps"]
 
 
 def test_each_point_gets_its_own_resources(tmp_path):

@@ -28,6 +28,10 @@ def test_contract_hash_excludes_the_swept_variable_only():
     # a mesh group stands for the whole layout
     assert "parallel" not in contract.excluding(c, ["expert_mesh"])
     assert contract.excluding(c, ["parallel.expert_model_parallel_size"])["parallel"] == {}
+    # a swept environment preset: neither the preset nor what the ranks ran with keeps the arms apart
+    c = {"hardware": {"env": {"NCCL_NVLS_ENABLE": "0"}}, "launcher": {"env": {"NCCL_NVLS_ENABLE": "0", "A": "1"}}}
+    assert contract.excluding(c, ["hardware.env.NCCL_NVLS_ENABLE"]) == {"hardware": {"env": {}},
+                                                                       "launcher": {"env": {"A": "1"}}}
 
 
 def test_secrets_never_enter_the_snapshot():

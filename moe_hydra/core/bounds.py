@@ -111,6 +111,7 @@ DOMAINS: dict[str, tuple[float, float]] = {
     "launcher.mem_gb": (1, 10**6),
     "launcher.signal_delay_s": (0, 10**6),
     "launcher.array_parallelism": (1, 10**6),
+    "launcher.max_num_timeout": (0, 1000),
     "step_model.gemm_efficiency": EFFICIENCY,
     "step_model.attention_efficiency": EFFICIENCY,
     "step_model.scaleout_efficiency": EFFICIENCY,

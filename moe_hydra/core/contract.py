@@ -96,10 +96,13 @@ def _drop(tree: dict[str, Any], path: list[str]) -> None:
 
 def excluding(contract: dict[str, Any], swept: list[str]) -> dict[str, Any]:
     """The contract without the swept variables (override keys such as ``dispatcher`` or
-    ``parallel.expert_model_parallel_size``; a mesh group stands for the whole layout)."""
+    ``parallel.expert_model_parallel_size``; a mesh group stands for the whole layout). A swept environment preset
+    (``hardware.env.NCCL_NVLS_ENABLE``) is also dropped from what the ranks ran with (``launcher.env``)."""
     out = json.loads(json.dumps(contract))
     for key in swept:
         _drop(out, GROUP_SECTIONS.get(key, key).split("."))
+        if key.startswith("hardware.env."):
+            _drop(out, ["launcher", "env", key[len("hardware.env."):]])
     return out
 
 

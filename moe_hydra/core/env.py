@@ -6,6 +6,10 @@ variables are recorded only when they change performance (NCCL_*, NVTE_*, CUDA_*
 HybridEP's NUM_OF_*, ...) and any variable whose name looks like a key, token, secret or password is
 redacted — in env.json, in the contract and therefore in W&B.
 
+The environment presets (``hardware.env``: what NVIDIA's performance recipes set per GPU kind) are applied to
+this process for the life of a job (:func:`apply`, :func:`restore`) before the snapshot is taken, so env.json
+and the contract record what the ranks ran with.
+
 Pure apart from reading files, /proc and ``git``: standard library only.
 """
 
@@ -25,6 +29,8 @@ PERF_ENV = re.compile(
     r"DEEP_EP_|UCX_|FI_|NVLINK_|USE_MNNVL|TRITON_|TILELANG_|MEGATRON_|NVIDIA_|OPENBLAS_|WANDB_MODE$)"
 )
 SECRET = re.compile(r"(KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|PRIVATE)", re.IGNORECASE)
+# performance settings whose names only look like secrets (HybridEP's chunk of tokens): recorded as they are
+NOT_SECRET = frozenset({"NUM_OF_TOKENS_PER_CHUNK_COMBINE_API", "NUM_OF_TOKENS_PER_CHUNK_DISPATCH_API"})
 REDACTED = "<redacted>"
 SLURM_VARS = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_JOB_NODELIST", "SLURM_NNODES",
               "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE", "SLURM_JOB_PARTITION", "SLURM_CPUS_PER_TASK")
@@ -34,7 +40,7 @@ DISTRIBUTIONS = ("torch", "megatron-core", "transformer-engine", "transformer_en
 
 
 def redact(env: dict[str, str]) -> dict[str, str]:
-    return {k: (REDACTED if SECRET.search(k) else v) for k, v in env.items()}
+    return {k: (REDACTED if SECRET.search(k) and k not in NOT_SECRET else v) for k, v in env.items()}
 
 
 def perf_env(environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -108,3 +114,20 @@ def runtime() -> dict[str, Any]:
         except Exception:  # noqa: BLE001 - the driver version is a nicety; torch already saw the GPUs
             info["driver"] = None
     return info
+
+
+def apply(preset: dict[str, Any]) -> dict[str, str | None]:
+    """Set the preset's variables in this process (every rank it starts inherits them); the values they replace,
+    for :func:`restore` (None: the variable was not set)."""
+    previous = {k: os.environ.get(k) for k in preset}
+    os.environ.update({str(k): str(v) for k, v in preset.items()})
+    return previous
+
+
+def restore(previous: dict[str, str | None]) -> None:
+    """Undo :func:`apply` (a local multirun runs its points in one process, each with its own preset)."""
+    for k, v in previous.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

@@ -197,6 +197,7 @@ FIELDS: dict[str, tuple[Check, str]] = {
     "label_reasons": (items(string), "why benchmark-only"),
     "evidence": (mapping(null=True), "what was built"),
     "peak_memory_gib": (mapping(null=True, values=METRIC), "allocated, reserved or rss, GiB"),
+    "attempts": (items(mapping()), "launcher=slurm: every start of the point (attempts.json), the last one this run"),
     "profile": (mapping(null=True), "profile=window: the slowest rank's walls (profile.json has the rest)"),
     "profile.steps": (pair(), "the profiled [first, last]"),
     **{f"profile.{k}": (number(0, null=False), "ms summed over the profiled steps") for k in (

@@ -160,6 +160,11 @@ class HardwareConfig:
     # calls a one-run-per-arm difference only beyond it (repeated arms measure it instead). Calibrate with
     # benchmarks/decision_quality.py.
     run_to_run_noise: float = 0.02
+    # The environment every rank of a run gets (NCCL_*, NVTE_*, CUDA_DEVICE_MAX_CONNECTIONS, HybridEP's NUM_OF_*, ...),
+    # as NVIDIA's performance recipes set it for this GPU kind; set per key (hardware.env.NCCL_NVLS_ENABLE=1), add
+    # one (+hardware.env.NCCL_IB_HCA=mlx5), drop one (~hardware.env.NVTE_FWD_LAYERNORM_SM_MARGIN). It wins over the
+    # variable in the launching shell; env.json and the contract record what the ranks ran with.
+    env: Dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -382,8 +387,32 @@ class LauncherConfig:
     srun_args: List[str] = field(default_factory=list)
     # Any other #SBATCH option, e.g. {exclusive: true}.
     additional_parameters: Dict[str, Any] = field(default_factory=dict)
-    # How many points of a sweep may run at once.
+    # How many points of one job array (the points of a sweep that share their resources) run at once.
     array_parallelism: int = 256
+    # Queue the sweep and return (sweep.json holds the Slurm job ids); follow it with python -m moe_hydra.sweep
+    # status|wait|cancel <sweep dir>. false: wait for every point, as before.
+    detach: bool = False
+    # Requeues of a point that reaches its time limit (Slurm's USR2, launcher.signal_delay_s before it), through
+    # submitit's checkpoint; a preempted point is requeued whatever this says. Each attempt measures from scratch.
+    max_num_timeout: int = 0
+    # The command that starts Python on the nodes; null: the Python that submits (inside a container: e.g. python).
+    python: Optional[str] = None
+    # Containers through pyxis/enroot (srun --container-*); null / empty: not set. The sweep directory is mounted
+    # at its own path unless a mount holds it already.
+    container_image: Optional[str] = None
+    # src:dst[:flags] each (srun --container-mounts).
+    container_mounts: List[str] = field(default_factory=list)
+    container_workdir: Optional[str] = None
+    # A named container, kept on the node between jobs (--container-name).
+    container_name: Optional[str] = None
+    # Variables taken from the job's environment into the container (--container-env).
+    container_env: List[str] = field(default_factory=list)
+    # true/false: --container-mount-home / --no-container-mount-home; null: pyxis's default.
+    container_mount_home: Optional[bool] = None
+    # true/false: --container-remap-root / --no-container-remap-root; null: pyxis's default.
+    container_remap_root: Optional[bool] = None
+    # true/false: --container-writable / --container-readonly; null: pyxis's default.
+    container_writable: Optional[bool] = None
 
 
 @dataclass(kw_only=True, slots=True)

@@ -206,25 +206,60 @@ class LayoutSweeperImpl(Sweeper):
                 for i, c in enumerate(top)]
         log.info("screening %d layouts (the leading tied set) through %s", len(jobs), type(self.launcher).__name__)
         returns = self.launcher.launch(jobs, initial_job_idx=0)
+        if any(sweep.state_of(ret) == sweep.SUBMITTED for ret in returns):  # launcher.detach=true: ranked later
+            queued = {"detached": True, "noise_floor": cfg.hardware.run_to_run_noise, "base": base,
+                      "screen_warmup": self.screen_warmup, "validate_steps": self.validate_steps,
+                      "arms": [_arm(c, None, sweep.output_dir(ret)) | {"status": sweep.state_of(ret)}
+                               for c, ret in zip(top, returns)]}
+            io.console().print(f"screening of {len(top)} layouts queued; python -m moe_hydra.sweep wait {sweep_dir} "
+                               "ranks them (layouts.json, screening.md) when they have run", markup=False)
+            return queued, returns
         arms = []
         for c, ret in zip(top, returns):
             job_dir = sweep.output_dir(ret)
             arms.append(_arm(c, sweep.complete_results(job_dir) if job_dir else None, job_dir))
         table = rank_measured(arms, cfg.hardware.run_to_run_noise)
-        console = io.console()
-        console.print(render_screening(table))
-        best = next((a for a in table["arms"] if a["measured_rank"] == 1), None)
-        if best:
-            validate = [*base, *best["overrides"], f"contract.warmup_steps={self.screen_warmup}",
-                        f"contract.window=[{self.screen_warmup + 1},{self.screen_warmup + self.validate_steps}]"]
-            table["validate"] = {"layout": best["layout"], "command": _command(validate)}
-            tie = [a["layout"] for a in table["arms"] if a["tie_with_best"] and a is not best]
-            console.print(f"validate {best['layout']} with a {self.validate_steps}-step run"
-                          + (f" (within the noise of {', '.join(tie)}: of the tied layouts, the one the analytic "
-                             "ranking puts first)" if tie else "")
-                          + f":\n  {table['validate']['command']}", markup=False)
-        (sweep_dir / "screening.md").write_text(screening_markdown(table))
+        conclude(table, base, self.screen_warmup, self.validate_steps, sweep_dir)
         return table, returns
+
+
+def conclude(table: dict, base: list[str], screen_warmup: int, validate_steps: int, sweep_dir: Path) -> None:
+    """Print the screening table and the command that validates the fastest layout; write screening.md."""
+    console = io.console()
+    console.print(render_screening(table))
+    best = next((a for a in table["arms"] if a["measured_rank"] == 1), None)
+    if best:
+        validate = [*base, *best["overrides"], f"contract.warmup_steps={screen_warmup}",
+                    f"contract.window=[{screen_warmup + 1},{screen_warmup + validate_steps}]"]
+        table["validate"] = {"layout": best["layout"], "command": _command(validate)}
+        tie = [a["layout"] for a in table["arms"] if a["tie_with_best"] and a is not best]
+        console.print(f"validate {best['layout']} with a {validate_steps}-step run"
+                      + (f" (within the noise of {', '.join(tie)}: of the tied layouts, the one the analytic "
+                         "ranking puts first)" if tie else "")
+                      + f":\n  {table['validate']['command']}", markup=False)
+    (sweep_dir / "screening.md").write_text(screening_markdown(table))
+
+
+def finish_screening(sweep_dir: Path) -> dict | None:
+    """A screening that ``launcher.detach=true`` queued (``python -m moe_hydra.sweep wait`` calls this once its
+    points have ended): rank the measured layouts as an attached screening does, and write them into layouts.json
+    and screening.md. The table, or None when there was no such screening."""
+    path = sweep_dir / "layouts.json"
+    report = io.read_json(path) or {}
+    queued = report.get("screening") or {}
+    if not queued.get("detached"):
+        return None
+    arms = []
+    for a in queued["arms"]:
+        job_dir = Path(a["dir"]) if a.get("dir") not in (None, "None") else None
+        candidate = {"layout": a["layout"], "rank": a["predicted_rank"], "overrides": a["overrides"],
+                     "step_time_s": a["predicted_step_s"]}
+        arms.append(_arm(candidate, sweep.complete_results(job_dir) if job_dir else None, job_dir))
+    table = rank_measured(arms, queued["noise_floor"])
+    conclude(table, queued["base"], queued["screen_warmup"], queued["validate_steps"], sweep_dir)
+    report["screening"] = table
+    io.write_json(report, path, indent=None)
+    return table
 
 
 def _arm(candidate: dict, res: dict | None, job_dir: Path | None) -> dict:

@@ -6,11 +6,19 @@ moe_hydra's launcher extends hydra-submitit-launcher's ``SlurmLauncher`` where t
 - every point is validated in the submitting process, so an invalid point is refused before it is
   queued and the valid ones still go;
 - points of an earlier launch into the same sweep directory that left a complete ``results.json``
-  are kept, not launched again (re-run the same command with ``hydra.sweep.dir=<that dir>``);
-- it waits for *every* job, then reports each with its real Slurm state and the tail of its error
-  (never "completed" for a job that raised, timed out or was cancelled), writes ``sweep.json`` and
-  prints a table; the command exits non-zero when a point did not complete;
-- the config schema adds ``srun_args``, missing from the 1.2.0 PyPI release;
+  are kept, and points an earlier launch queued that are still queued or running stay as they are: neither
+  is launched again (re-run the same command with ``hydra.sweep.dir=<that dir>``);
+- ``sweep.json`` is written as soon as the points are queued (their Slurm job ids, overrides, submission
+  time): ``launcher.detach=true`` returns there, with the commands that follow the campaign
+  (``python -m moe_hydra.sweep status|wait|cancel``); attached (the default) it waits for *every* job at
+  submitit's pace, then reports each with its real Slurm state and the tail of its error (never "completed"
+  for a job that raised, timed out or was cancelled) and exits non-zero when a point did not complete;
+- a point that reaches its time limit (``launcher.max_num_timeout``) or is preempted is requeued through
+  submitit's checkpoint; every attempt measures from scratch and ``attempts.json`` / ``results.json``
+  record them;
+- the environment of the hardware preset (``hardware.env``) is exported in the job script, containers
+  go through pyxis (``launcher.container_*`` -> ``srun --container-*``), and the config schema adds
+  ``srun_args``, missing from the 1.2.0 PyPI release;
 - a point with ``profile.tool=nsys`` runs each task under ``nsys profile`` (:func:`nsys_python`): submitit's
   ``python`` command, which the job script's ``srun`` line starts, becomes ``nsys profile <options> python``.
 
@@ -24,22 +32,24 @@ import json
 import logging
 import os
 import shlex
+import signal
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+from hydra.core.utils import JobReturn, filter_overrides
+from hydra.experimental.callback import Callback
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf, SlurmQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as _SubmititSlurmLauncher
-from omegaconf import OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
-from moe_hydra.core import io
+from moe_hydra.core import env
 from moe_hydra.core.resolved import resolve
-from moe_hydra.core.schema import Stage, typed
-from moe_hydra.core.violations import LayoutError
+from moe_hydra.core.schema import Stage
+from moe_hydra.core.violations import LayoutError, V, Violation
 from moe_hydra.launch import local
 from moe_hydra.launch import state as sweep
 
@@ -90,13 +100,14 @@ def task_environment() -> None:
     submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
 
 
-def nsys_python(point_dir: Path) -> str:
+def nsys_python(point_dir: Path, python: str | None = None) -> str:
     """submitit's ``python`` command for a point profiled with Nsight Systems: ``nsys profile <options>
-    <this python>``, so the job script's ``srun ... <python> -u -m submitit.core._submit`` runs every task
-    under nsys (:func:`moe_hydra.launch.local.nsys_command`; a task's rank is ``SLURM_PROCID`` when nsys
-    starts, which names its report ``<point dir>/profile/nsys.rank<N>.nsys-rep``)."""
-    argv = [*local.nsys_command(point_dir, rank_var="SLURM_PROCID"), sys.executable]
-    return " ".join(shlex.quote(a) for a in argv)
+    <python>`` (``python``: a shell command, ``launcher.python``; None: this Python), so the job script's
+    ``srun ... <python> -u -m submitit.core._submit`` runs every task under nsys
+    (:func:`moe_hydra.launch.local.nsys_command`; a task's rank is ``SLURM_PROCID`` when nsys starts, which names
+    its report ``<point dir>/profile/nsys.rank<N>.nsys-rep``)."""
+    nsys = " ".join(shlex.quote(a) for a in local.nsys_command(point_dir, rank_var="SLURM_PROCID"))
+    return f"{nsys} {python or shlex.quote(sys.executable)}"
 
 
 def nsys_setup(point_dir: Path) -> list[str]:
@@ -112,24 +123,213 @@ def nsys_setup(point_dir: Path) -> list[str]:
     ]
 
 
+
+
+# pyxis's srun options (https://github.com/NVIDIA/pyxis): launcher field -> option; booleans take --no- (or the
+# named opposite) when false
+CONTAINER_VALUES = (("container_image", "--container-image"), ("container_workdir", "--container-workdir"),
+                    ("container_name", "--container-name"))
+CONTAINER_FLAGS = (("container_mount_home", "--container-mount-home", "--no-container-mount-home"),
+                   ("container_remap_root", "--container-remap-root", "--no-container-remap-root"),
+                   ("container_writable", "--container-writable", "--container-readonly"))
+
+
+def container_args(lc: Any, sweep_dir: Path | None = None) -> list[str]:
+    """The ``srun --container-*`` arguments of ``launcher.container_*`` (pyxis/enroot); none without an image. The
+    sweep directory (submitit's folder, the points' outputs) is mounted at its own path unless a mount holds it."""
+    if not lc.container_image:
+        return []
+    args = [f"{opt}={getattr(lc, key)}" for key, opt in CONTAINER_VALUES if getattr(lc, key)]
+    mounts = list(lc.container_mounts)
+    if sweep_dir is not None:
+        here = Path(sweep_dir).resolve()
+        sources = [Path(m.split(":")[0]).resolve() for m in mounts if m]
+        if not any(here == src or src in here.parents for src in sources):
+            mounts.append(f"{here}:{here}")
+    if mounts:
+        args.append(f"--container-mounts={','.join(mounts)}")
+    if lc.container_env:
+        args.append(f"--container-env={','.join(lc.container_env)}")
+    args += [on if getattr(lc, key) else off for key, on, off in CONTAINER_FLAGS if getattr(lc, key) is not None]
+    return args
+
+
+def env_exports(env: Dict[str, str]) -> list[str]:
+    """Job-script lines that export the hardware preset's environment (``hardware.env``) for every task."""
+    return [f"export {k}={shlex.quote(str(v))}" for k, v in sorted(env.items())]
+
+
+def launcher_violations(cfg: Any) -> list[Violation]:
+    """S03: launcher settings that cannot go together: a container option without ``launcher.container_image``,
+    a malformed container mount, an environment variable name that is not one."""
+    lc, out = cfg.launcher, []
+    if not lc.container_image:
+        set_ = [k for k, _ in CONTAINER_VALUES[1:] if getattr(lc, k)] + [k for k in ("container_mounts",
+                                                                                    "container_env") if getattr(lc, k)]
+        set_ += [k for k, _, _ in CONTAINER_FLAGS if getattr(lc, k) is not None]
+        out += [V("S03", f"launcher.{k} is set without launcher.container_image: there is no container to apply it to",
+                  f"launcher.container_image=<image>, or ~launcher.{k}", **{f"launcher__{k}": getattr(lc, k)})
+                for k in set_]
+    for m in lc.container_mounts:
+        parts = str(m).split(":")
+        if not (2 <= len(parts) <= 3 and parts[0] and parts[1]):
+            out.append(V("S03", f"launcher.container_mounts entry {m!r} is not SRC:DST[:FLAGS]",
+                         "launcher.container_mounts=[/src:/dst]", launcher__container_mounts=list(lc.container_mounts)))
+    bad = [k for k in cfg.hardware.env if not k.replace("_", "a").isalnum() or k[0].isdigit()]
+    out += [V("S03", f"hardware.env key {k!r} is not an environment variable name", f"~hardware.env.{k}",
+              hardware__env=dict(cfg.hardware.env)) for k in bad]
+    return out
+
+
+def env_notes(cfg: Any, layout: Any) -> list[str]:
+    """Warnings about the preset environment against this point's layout (HybridEP's ranks per NVLink domain)."""
+    preset, notes = cfg.hardware.env, []
+    backend = getattr(cfg.dispatcher, "moe_flex_dispatcher_backend", None)
+    if backend == "hybridep" and "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN" in preset:
+        want = min(layout.ep, cfg.hardware.nvlink_domain_size)
+        if str(preset["NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"]) != str(want):
+            notes.append(f"hardware.env.NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN="
+                         f"{preset['NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN']}, but EP {layout.ep} in an NVLink domain "
+                         f"of {cfg.hardware.nvlink_domain_size} puts {want} EP ranks in a domain: set "
+                         f"hardware.env.NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN={want}")
+    return notes
+
+
+class PresetEnvironment(Callback):
+    """Hydra callback (``hydra.callbacks.environment``, conf/launcher/*.yaml): the point's ``hardware.env`` is set in
+    the process that runs it from the start of the job to its end, on this machine (launcher=local: the ranks it
+    starts inherit it) and in every Slurm task, before moe_hydra's environment snapshot (env.json, the contract)."""
+
+    def __init__(self) -> None:
+        self._previous: list[dict[str, str | None]] = []
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        preset = OmegaConf.select(config, "hardware.env", default=None)
+        values = OmegaConf.to_container(preset, resolve=True) if preset is not None else {}
+        self._previous.append(env.apply(values or {}))
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        if self._previous:
+            env.restore(self._previous.pop())
+
+
+_SCHEMA = None
+
+
+def _typed(cfg: DictConfig):
+    """:func:`moe_hydra.core.schema.typed`, with the schema's structured config made once per process (it is most
+    of that function's cost; ``OmegaConf.merge`` leaves it as it was)."""
+    global _SCHEMA
+    from moe_hydra.core.schema import Config
+
+    if _SCHEMA is None:
+        _SCHEMA = OmegaConf.structured(Config)
+    return OmegaConf.to_object(OmegaConf.merge(_SCHEMA, OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])))
+
+
+def _validation_key(cfg: DictConfig) -> str | None:
+    """What a point's validation depends on: its resolved config but for ``hydra`` and the ``repeat`` index (points
+    that differ only there are validated once); None when it cannot be resolved here."""
+    try:
+        plain = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
+                 for k in cfg if k not in ("hydra", "repeat")}
+        return json.dumps(plain, sort_keys=True, default=str)
+    except Exception:  # noqa: BLE001 - validated on its own, which reports what does not resolve
+        return None
+
+
+STOP_USR2 = 128 + signal.SIGUSR2  # the job's exit code after a SIGUSR2 stopped it (moe_hydra.job.train.Stopped)
+
+
 class SlurmLauncherImpl(_SubmititSlurmLauncher):
     """The launcher's logic; Hydra instantiates ``hydra_plugins.moe_hydra_launcher.SlurmLauncher``."""
 
+    # ------------------------------------------------------------------ on the node
+
+    def __call__(self, sweep_overrides: List[str], job_dir_key: str, job_num: int, job_id: str,
+                 singleton_state: Dict[type, Singleton], point_dir: str | None = None) -> JobReturn:
+        """One Slurm task of a point (submitit calls this on the node). Rank 0 records the attempt in
+        ``attempts.json`` and, when it ends, in results.json. A run that SIGUSR2 stopped (Slurm's warning before
+        the time limit, or a preemption) has recorded what it measured; then submitit's own handler decides, as it
+        would have had the signal come outside the run: requeue through :meth:`checkpoint` (the next attempt
+        measures from scratch), or end the point ("timed-out too many times": ``launcher.max_num_timeout``)."""
+        rank = slurm_rank() or 0
+        if rank == 0 and point_dir:
+            sweep.attempt_started(Path(point_dir))
+        try:
+            ret = super().__call__(sweep_overrides, job_dir_key, job_num, job_id, singleton_state)
+        except SystemExit as e:
+            if e.code == STOP_USR2:
+                self._after_usr2(rank, point_dir)
+            elif rank == 0 and point_dir:
+                sweep.attempt_ended(Path(point_dir), f"exit {e.code}")
+                sweep.record_attempts_in_results(Path(point_dir))
+            raise
+        except BaseException as e:
+            if rank == 0 and point_dir:
+                sweep.attempt_ended(Path(point_dir), f"{type(e).__name__}: {e}", requeued=False)
+                sweep.record_attempts_in_results(Path(point_dir))
+            raise
+        if rank == 0 and point_dir:
+            sweep.attempt_ended(Path(point_dir), "completed", requeued=False)
+            sweep.record_attempts_in_results(Path(point_dir))
+        return ret
+
+    @staticmethod
+    def _after_usr2(rank: int, point_dir: str | None) -> None:
+        """The run stopped on SIGUSR2 and wrote its results: hand the signal to submitit's handler (the job's own
+        handler gave it back when the run ended). Rank 0 checkpoints and requeues (exits), or raises submitit's
+        "not requeued" error, which becomes the point's TIMEOUT; the other ranks end quietly, so that srun's
+        --kill-on-bad-exit does not take rank 0 down before it has requeued."""
+        handler = signal.getsignal(signal.SIGUSR2)
+        if not callable(handler):  # not under submitit's handler: nothing requeues the point
+            if rank == 0 and point_dir:
+                sweep.attempt_ended(Path(point_dir), "stopped by SIGUSR2", requeued=False)
+                sweep.record_attempts_in_results(Path(point_dir))
+            return
+        if rank != 0:
+            raise SystemExit(0)
+        requeued = None
+        try:
+            handler(signal.SIGUSR2, None)
+        except SystemExit:
+            requeued = True
+            raise
+        except BaseException:
+            requeued = False
+            raise
+        finally:
+            if point_dir:
+                sweep.attempt_ended(Path(point_dir), "stopped by SIGUSR2", requeued=requeued)
+                sweep.record_attempts_in_results(Path(point_dir))
+
+    # ------------------------------------------------------------------ in the submitting process
+
     def _point_config(self, overrides: list[str], num: int):
-        cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+        from moe_hydra.launch import points
+
+        cfg = points.composed(self.config, overrides)
+        if cfg is None:
+            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
         with open_dict(cfg.hydra.job):
             cfg.hydra.job.num = num
         return cfg
 
     @staticmethod
-    def point_params(cfg, job_cfg, point_dir: Path) -> dict[str, Any]:
-        """A point's executor parameters (:meth:`_executor`): its own ``hydra.launcher`` (resources), and for
+    def point_params(cfg, job_cfg, point_dir: Path, sweep_dir: Path | None = None) -> dict[str, Any]:
+        """A point's executor parameters (:meth:`_executor`): its own ``hydra.launcher`` (resources), its
+        ``launcher.python`` and container (``srun --container-*``), the export of ``hardware.env``, and for
         ``profile.tool=nsys`` the command for python and the lines after ``launcher.setup`` (:func:`nsys_python`,
         :func:`nsys_setup`); the reports' directory is in them, so such a point is a job of its own."""
         params = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
         params.pop("_target_", None)
+        lc = job_cfg.launcher
         if local.uses_nsys(job_cfg):
-            params["python"], params["setup_after"] = nsys_python(point_dir), nsys_setup(point_dir)
+            params["python"], params["setup_after"] = nsys_python(point_dir, lc.python), nsys_setup(point_dir)
+        elif lc.python:
+            params["python"] = lc.python
+        params["srun_args"] = [*(params.get("srun_args") or []), *container_args(lc, sweep_dir)]
+        params["setup_env"] = env_exports(job_cfg.hardware.env)
         return params
 
     def _executor(self, params: dict[str, Any]):
@@ -139,11 +339,15 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
         lc = self.config.launcher
         # the point's own command for python and the lines after launcher.setup (profile.tool=nsys: nsys_python)
         python, setup_after = params.pop("python", None), params.pop("setup_after", None) or []
+        setup_env = params.pop("setup_env", None) or []
         # a rank that dies takes the others down instead of leaving them waiting in a collective
         params["srun_args"] = ["--kill-on-bad-exit=1", *(params.get("srun_args") or []), *lc.srun_args]
-        params["setup"] = [*(params.get("setup") or []), *lc.setup, *setup_after] or None
-        params["additional_parameters"] = {**(params.get("additional_parameters") or {}),
-                                           **OmegaConf.to_container(lc.additional_parameters)}
+        params["setup"] = [*(params.get("setup") or []), *lc.setup, *setup_env, *setup_after] or None
+        # requeueable: submitit's requeue (time limit, preemption) and Slurm's own (node failure) need it, unless
+        # the site says no-requeue
+        extra = {**(params.get("additional_parameters") or {}), **OmegaConf.to_container(lc.additional_parameters)}
+        requeue = {} if {"no-requeue", "no_requeue", "requeue"} & set(extra) else {"requeue": True}
+        params["additional_parameters"] = {**requeue, **extra}
         executor = submitit.AutoExecutor(folder=params.pop("submitit_folder"), cluster="slurm",
                                          slurm_max_num_timeout=params.pop("max_num_timeout"),
                                          **({"slurm_python": python} if python else {}))
@@ -156,119 +360,133 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
         from moe_hydra.core.io import write_json
         from moe_hydra.planning import plan, rules
 
+        t0 = time.monotonic()
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
+        detach = bool(OmegaConf.select(self.config, "launcher.detach", default=False))
         points, configs, submit = [], [], []
-        earlier = {e["num"]: e for e in (io.read_json(sweep_dir / "sweep.json") or {"points": []})["points"]}
+        earlier = {e["num"]: e for e in (sweep.read_sweep(sweep_dir) or {"points": []})["points"]}
+        live = self._still_out(earlier)
+        validated: dict[str, tuple] = {}
         for i, overrides in enumerate(job_overrides):
             num = initial_job_idx + i
             cfg = self._point_config(list(overrides), num)
             point_dir = sweep_dir / str(cfg.hydra.sweep.subdir)
             p = sweep.Point(num=num, overrides=list(filter_overrides(overrides)), dir=str(point_dir))
-            points.append(p)
             configs.append(cfg)
             kept = sweep.complete_results(point_dir)
             if kept:
                 p.state = "KEPT"
                 sweep.fill_from_results(p, kept)
                 p.slurm_job_id = earlier.get(num, {}).get("slurm_job_id")
+                p.submitit_folder = earlier.get(num, {}).get("submitit_folder")
                 p.logs = earlier.get(num, {}).get("logs", [])
+                points.append(p)
                 log.info("\t#%d : %s -> kept (complete results.json)", num, " ".join(p.overrides))
                 continue
-            job_cfg = typed(cfg)
-            try:  # the node is not this machine: its own check runs in the job (moe_hydra.app)
-                r = resolve(job_cfg)
-                violations = plan.run_violations(r) if job_cfg.stage is Stage.run else rules.check(r)
-            except LayoutError as e:
-                violations = e.violations
+            if num in live and live[num].overrides == p.overrides:
+                points.append(live[num])
+                log.info("\t#%d : %s -> still %s from an earlier launch (job %s): not queued again", num,
+                         " ".join(p.overrides), live[num].state, live[num].slurm_job_id)
+                continue
+            points.append(p)
+            key = _validation_key(cfg)
+            if key is None or key not in validated:
+                job_cfg = _typed(cfg)
+                try:  # the node is not this machine: its own check runs in the job (moe_hydra.app)
+                    r = resolve(job_cfg)
+                    violations = plan.run_violations(r) if job_cfg.stage is Stage.run else rules.check(r)
+                except LayoutError as e:
+                    r, violations = None, e.violations
+                violations = [*violations, *launcher_violations(job_cfg)]
+                if key is not None:
+                    validated[key] = job_cfg, r, violations
+            else:  # the same point but for its repeat index: the same verdict
+                job_cfg, r, violations = validated[key]
             if violations:
                 refusal = LayoutError(violations, " ".join(p.overrides))
                 p.state, p.error = "INVALID", refusal.report()
                 write_json(refusal.record(), point_dir / "violations.json")
                 log.info("\t#%d : %s -> refused:\n%s", num, " ".join(p.overrides), p.error)
                 continue
+            for note in env_notes(job_cfg, r.layout):
+                log.warning("#%d: %s", num, note)
             log.info("\t#%d : %s", num, " ".join(p.overrides))
             # Resources come from each point's own config: a sweep over hardware.devices_per_node or
             # launcher.timeout_min gives each point its own tasks and time (one job array per set).
-            params = self.point_params(cfg, job_cfg, point_dir)
+            params = self.point_params(cfg, job_cfg, point_dir, sweep_dir)
             key = json.dumps(params, sort_keys=True)
             submit.append((key, p, (list(overrides), "hydra.sweep.dir", num, f"job_id_for_{num}",
-                                    Singleton.get_state())))
-        submitted = []
+                                    Singleton.get_state(), str(point_dir))))
+        submitted_at = sweep.now()
         for key in dict.fromkeys(k for k, _, _ in submit):
             group = [(p, args) for k, p, args in submit if k == key]
+            for p, _ in group:  # attempts of an earlier launch are not this one's
+                (Path(p.dir) / sweep.ATTEMPTS_FILE).unlink(missing_ok=True)
+            params = json.loads(key)
+            folder = params["submitit_folder"]
             log.info("Submitting %d point(s) to Slurm; sweep dir %s", len(group), sweep_dir)
-            jobs = self._executor(json.loads(key)).map_array(self, *zip(*(args for _, args in group)))
+            jobs = self._executor(params).map_array(self, *zip(*(args for _, args in group)))
             for (p, _), job in zip(group, jobs):
-                p.slurm_job_id = job.job_id
-                p.logs = [str(job.paths.stdout), str(job.paths.stderr)]
-                submitted.append((p, job))
-        self._wait([job for _, job in submitted])
-        for p, job in submitted:
-            self._settle(p, job)
-        sweep.write_sweep(sweep_dir, self._merge_earlier(sweep_dir, points))
-        self._report(points, sweep_dir)
-        returns = [sweep.job_return(p.overrides, p.state, p.error, p.dir) for p in points]
+                p.slurm_job_id, p.submitit_folder, p.submitted_at = job.job_id, folder, submitted_at
+                p.state, p.logs = "PENDING", [str(job.paths.stdout), str(job.paths.stderr)]
+        follow = [f"python -m moe_hydra.sweep {c} {shlex.quote(str(sweep_dir))}" for c in ("status", "wait", "cancel")]
+        sweep.write_sweep(sweep_dir, self._merge_earlier(sweep_dir, points), detached=detach, follow=follow,
+                          **({"submitted_at": submitted_at} if submit else {}))
+        queued = [p for p in points if p.active]
+        if detach and not queued:
+            print("moe_hydra: nothing was queued (every point is refused or kept)", flush=True)
+        if detach:
+            if queued:
+                print(f"moe_hydra: {len(submit)} point(s) queued on Slurm in {time.monotonic() - t0:.1f} s"
+                      + (f", {len(queued) - len(submit)} still out from an earlier launch"
+                         if len(queued) > len(submit) else "")
+                      + f"; sweep.json in {sweep_dir}. Follow the campaign with\n  " + "\n  ".join(follow), flush=True)
+            returns = [sweep.job_return(p.overrides, sweep.SUBMITTED if p.active else p.state, p.error, p.dir)
+                       for p in points]
+        else:
+            if queued:
+                points = self._wait(sweep_dir, points, follow)
+            sweep.report(points, f"sweep {sweep_dir}")
+            for p in points:
+                if not p.ok and p.state != "INVALID":
+                    log.error("#%d %s: %s\n%s", p.num, " ".join(p.overrides), p.state, p.error or "")
+            returns = [sweep.job_return(p.overrides, p.state, p.error, p.dir) for p in points]
         for cfg, ret in zip(configs, returns):  # the app reads the outcomes as Hydra callbacks get them
             self.hydra_context.callbacks.on_job_end(config=cfg, job_return=ret)
         return returns
 
     @staticmethod
-    def _wait(jobs) -> None:
-        """Wait for every job (not only until the first failure)."""
-        while not all(job.done() for job in jobs):
-            time.sleep(1.0)
+    def _still_out(earlier: dict[int, dict]) -> dict[int, sweep.Point]:
+        """The points an earlier launch into this directory queued that Slurm still holds (one sacct for all)."""
+        candidates = [sweep.Point.from_json(e) for e in earlier.values()
+                      if e.get("slurm_job_id") and e.get("state") not in sweep.FINAL_CACHED]
+        if not candidates:
+            return {}
+        sweep.refresh(candidates)
+        return {p.num: p for p in candidates if p.active}
 
     @staticmethod
-    def _final_state(job, patience_s: float = 30.0) -> str:
-        """Slurm's state once it has settled: accounting can lag a job that finished moments ago."""
-        deadline = time.monotonic() + patience_s
-        while True:
-            state = (job.get_info(mode="force").get("State") or "UNKNOWN").split()[0]
-            if state not in sweep.ACTIVE_STATES or time.monotonic() > deadline:
-                return "UNKNOWN" if state in sweep.ACTIVE_STATES else state
-            time.sleep(1.0)
+    def _wait(sweep_dir: Path, points: list[sweep.Point], follow: list[str]) -> list[sweep.Point]:
+        """Attached: wait for every point of this launch (at submitit's pace; :func:`moe_hydra.launch.state.wait`);
+        this launch's points, settled. Ctrl-C leaves them to Slurm and says how to follow them."""
+        def shown(all_points: list[sweep.Point]) -> None:
+            counts: dict[str, int] = {}
+            for p in all_points:
+                counts[p.state] = counts.get(p.state, 0) + 1
+            log.info("sweep %s: %s", sweep_dir, ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
 
-    @staticmethod
-    def _settle(p: sweep.Point, job) -> None:
-        """The point's state from its results.json (read through its schema), submitit's report and Slurm's
-        accounting. A run a signal stopped (SIGUSR2 before the time limit or a preemption, SIGTERM on scancel) is
-        INTERRUPTED / TERMINATED with the steps it measured, unless Slurm has a word of its own for the ending
-        (CANCELLED, TIMEOUT, PREEMPTED, ...), which stays."""
-        read = sweep.point_results(Path(p.dir))
-        res = sweep.complete(read[0])
-        state = SlurmLauncherImpl._final_state(job)
-        error = None
         try:
-            outcome = job.results()[0]
-            if outcome.status is JobStatus.FAILED:
-                error = f"{type(outcome._return_value).__name__}: {outcome._return_value}"
-        except Exception as e:  # noqa: BLE001 - submitit's own report of a job that did not return
-            error = str(e)
-        if res and not error:
-            p.state = "COMPLETED"
-            sweep.fill_from_results(p, res)
-            return
-        if "timed-out" in (error or ""):
-            state = "TIMEOUT"  # submitit caught Slurm's USR2 near the limit and could not requeue
-        p.state = state if state not in ("COMPLETED", "UNKNOWN") else "FAILED"
-        told = sweep.results_outcome(read)  # what the run wrote of its ending
-        if told:
-            told_state, error = told
-            if p.state == "FAILED":
-                p.state = told_state
-        p.error = (error or "") + ("\n--- stderr tail ---\n" + sweep.tail(Path(p.logs[1])) if p.logs else "")
+            settled = {p.num: p for p in sweep.wait(sweep_dir, on_change=shown)}
+        except KeyboardInterrupt:
+            print("\nmoe_hydra: stopped waiting; the points go on in Slurm. Follow them with\n  " + "\n  ".join(follow),
+                  file=sys.stderr, flush=True)
+            raise SystemExit(130) from None
+        return [settled.get(p.num, p) for p in points]
 
     @staticmethod
     def _merge_earlier(sweep_dir: Path, points: list[sweep.Point]) -> list[sweep.Point]:
         """Keep the entries of earlier batches of this sweep directory that this launch did not touch."""
-        earlier = io.read_json(sweep_dir / "sweep.json") or {"points": []}
+        earlier = sweep.read_sweep(sweep_dir) or {"points": []}
         mine = {p.num for p in points}
-        return points + [sweep.Point(**e) for e in earlier["points"] if e["num"] not in mine]
-
-    @staticmethod
-    def _report(points: list[sweep.Point], sweep_dir: Path) -> None:
-        io.console().print(sweep.render(points, f"sweep {sweep_dir}"))
-        for p in points:
-            if not p.ok and p.state != "INVALID":
-                log.error("#%d %s: %s\n%s", p.num, " ".join(p.overrides), p.state, p.error or "")
+        return points + [sweep.Point.from_json(e) for e in earlier["points"] if e["num"] not in mine]

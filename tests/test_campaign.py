@@ -1,0 +1,323 @@
+"""Campaigns on a real Slurm (launchers/local-slurm/start: two nodes, partitions debug and multi): a detached sweep
+is followed, waited for and cancelled from new processes; a point requeues at its time limit and after
+``scontrol requeue``; a node goes down under a point; arrays keep to their parallelism; points span two nodes.
+
+The sweeps are queued together when the module starts and checked one after the other, so their waits overlap
+(the module takes a few minutes on two cores). Slurm holds a requeued job for about two minutes before it may run
+again (its begin time); a thread here lets the module's own requeued jobs go at once (``scontrol update
+StartTime=now``), as an operator would.
+
+Skipped with a reason when no Slurm cluster answers on this machine; a failure under CI=true, where .ci/run
+starts one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.test_slurm import _slurm_up
+
+_reason = _slurm_up()
+if _reason is None:
+    parts = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True).stdout.split()
+    if "multi" not in parts:
+        _reason = "the local cluster has no partition multi (a second node): run launchers/local-slurm/start again"
+if _reason and os.environ.get("CI") == "true":
+    pytest.fail(f"CI needs the local two-node Slurm cluster: {_reason}", pytrace=False)
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(_reason is not None, reason=_reason or "")]
+
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline"}
+ENV.pop("MOE_HYDRA_SITE", None)
+BASE = ["launcher=slurm", "logger=none", "hardware.devices_per_node=1", "launcher.signal_delay_s=15",
+        "contract.warmup_steps=1"]
+SHORT = ["train.train_iters=6", "contract.window=[2,6]"]
+ON_NODE2 = ["launcher.partition=multi", "+launcher.additional_parameters.nodelist=localhost2"]
+ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING"}
+
+
+def moe_hydra(sweep_dir: Path, *args: str, timeout: int = 120) -> tuple[subprocess.CompletedProcess, float]:
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "moe_hydra", f"hydra.sweep.dir={sweep_dir}", *args, "-m"],
+                       cwd=sweep_dir.parent, env=ENV, capture_output=True, text=True, timeout=timeout)
+    return r, time.monotonic() - t0
+
+
+def detach(sweep_dir: Path, *args: str) -> tuple[subprocess.CompletedProcess, float]:
+    r, seconds = moe_hydra(sweep_dir, *BASE, "launcher.detach=true", *args)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r, seconds
+
+
+def sweep(command: str, sweep_dir: Path, timeout: int = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "moe_hydra.sweep", command, str(sweep_dir)], env=ENV,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def points(sweep_dir: Path) -> dict[int, dict]:
+    return {p["num"]: p for p in json.loads((sweep_dir / "sweep.json").read_text())["points"]}
+
+
+def states(sweep_dir: Path) -> dict[int, str]:
+    """Every point's state as ``sweep status`` (a new process) tells it."""
+    r = sweep("status", sweep_dir)
+    assert r.returncode in (0, 1), r.stderr[-2000:]
+    return {n: p["state"] for n, p in points(sweep_dir).items()}
+
+
+def until(predicate, timeout: float, every: float = 2.0, what: str = ""):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}")
+
+
+def last_step(sweep_dir: Path, num: int) -> int:
+    """The last step rank 0 of a point logged in this attempt (0 before the first)."""
+    p = points(sweep_dir)[num]
+    if not p["logs"]:
+        return 0
+    text = Path(p["logs"][1]).read_text(errors="replace") if Path(p["logs"][1]).exists() else ""
+    text = text[text.rfind("moe_hydra: stopped by") + 1:]
+    steps = [int(line.split()[1]) for line in text.splitlines() if line.startswith("step ") and "loss" in line]
+    return steps[-1] if steps else 0
+
+
+def results(sweep_dir: Path, num: int) -> dict:
+    return json.loads((sweep_dir / str(num) / "results.json").read_text())
+
+
+def sacct(job: str, fields: str = "JobID,State,Start,End,NodeList,NNodes") -> list[dict]:
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-o", fields, "-j", job], capture_output=True, text=True).stdout
+    return [dict(zip(fields.split(","), line.split("|"))) for line in out.splitlines() if line.strip()]
+
+
+class Releaser(threading.Thread):
+    """Lets this module's requeued jobs go a few seconds after they were requeued (long enough for ``status`` to
+    see them REQUEUED) instead of Slurm's hold of about two minutes."""
+
+    HOLD_S = 6
+
+    def __init__(self, dirs: list[Path]):
+        super().__init__(daemon=True)
+        self.dirs, self.stop = dirs, threading.Event()
+        self.held_since: dict[str, float] = {}
+
+    def ours(self) -> set[str]:
+        ids = set()
+        for d in self.dirs:
+            if (d / "sweep.json").exists():
+                ids |= {str(p["slurm_job_id"]) for p in points(d).values() if p["slurm_job_id"]}
+        return ids
+
+    def run(self) -> None:
+        while not self.stop.wait(2):
+            try:
+                held = subprocess.run(["squeue", "-h", "-t", "PD", "-o", "%i %r"], capture_output=True, text=True,
+                                      timeout=10).stdout.split("\n")
+                ours = self.ours()
+                for line in held:
+                    job, _, reason = line.partition(" ")
+                    if reason.strip() != "BeginTime" or job not in ours:
+                        continue
+                    since = self.held_since.setdefault(job, time.monotonic())
+                    if time.monotonic() - since >= self.HOLD_S:
+                        subprocess.run(["scontrol", "update", f"jobid={job}", "starttime=now"], capture_output=True,
+                                       timeout=10)
+                        self.held_since.pop(job, None)
+            except (OSError, subprocess.TimeoutExpired, ValueError):
+                continue
+
+
+@pytest.fixture(scope="module")
+def campaign(tmp_path_factory):
+    """Three sweeps queued at once: ``main`` (6 points, 2 at a time), ``limit`` (one point whose 1-minute limit is
+    shorter than its run, requeued once) and ``requeue`` (one point, requeued by hand), both on the second node."""
+    root = tmp_path_factory.mktemp("campaign")
+    dirs = {name: root / name for name in ("main", "limit", "requeue", "cancel", "container", "two", "down",
+                                           "screen")}
+    releaser = Releaser(list(dirs.values()))
+    releaser.start()
+    main = detach(dirs["main"], *SHORT, "launcher.array_parallelism=2", "repeat=0,1,2,3,4,5")
+    main_states = states(dirs["main"])  # a new process, right after the submission
+    detach(dirs["limit"], *ON_NODE2, "launcher.timeout_min=1", "launcher.max_num_timeout=1",
+           "train.train_iters=100000", "contract.window=[2,100000]")
+    detach(dirs["requeue"], *ON_NODE2, "train.train_iters=150", "contract.window=[2,150]")
+    screen = detach(dirs["screen"], "hardware.devices_per_node=2", "hydra/sweeper=layout", "hydra.sweeper.top_k=2",
+                    "hydra.sweeper.screen_warmup=1", "hydra.sweeper.screen_window=[2,6]")
+    yield {"dirs": dirs, "main": main, "main_states": main_states, "screen": screen}
+    releaser.stop.set()
+    ids = releaser.ours()
+    if ids:
+        subprocess.run(["scancel", *ids], capture_output=True)
+    subprocess.run(["scontrol", "update", "nodename=localhost2", "state=resume"], capture_output=True)
+
+
+def test_a_point_requeued_by_hand_is_seen_requeued_and_completes(campaign):
+    d = campaign["dirs"]["requeue"]
+    until(lambda: last_step(d, 0) >= 3, 240, what="the point to train")
+    assert states(d)[0] == "RUNNING"
+    subprocess.run(["scontrol", "requeue", points(d)[0]["slurm_job_id"]], check=True)
+    until(lambda: states(d)[0] == "REQUEUED", 60, every=1, what="REQUEUED")
+    w = sweep("wait", d, timeout=300)
+    assert w.returncode == 0, w.stdout[-3000:]
+    res = results(d, 0)
+    assert res["status"] == "ok" and res["steps"] == 150  # the second attempt measured from scratch
+    first, second = res["attempts"]
+    assert first["requeued"] is True and first["outcome"].startswith("stopped by SIGTERM")
+    assert second["outcome"] == "completed" and second["restart_count"] == 1 and points(d)[0]["attempts"] == 2
+
+
+def test_a_detached_campaign_returns_at_once_and_is_followed_from_new_processes(campaign):
+    d = campaign["dirs"]["main"]
+    r, seconds = campaign["main"]
+    assert seconds < 10, f"detached submission of 6 points took {seconds:.1f} s"
+    assert "python -m moe_hydra.sweep wait" in r.stdout
+    recorded = json.loads((d / "sweep.json").read_text())
+    assert recorded["detached"] is True and recorded["submitted_at"]
+    assert all(p["slurm_job_id"] and p["overrides"] and p["submitted_at"] for p in recorded["points"])
+    assert set(campaign["main_states"].values()) <= ACTIVE and len(campaign["main_states"]) == 6
+    w = sweep("wait", d, timeout=400)
+    assert w.returncode == 0 and "6 of 6 points complete" in w.stdout, w.stdout[-3000:] + w.stderr[-2000:]
+    assert set(states(d).values()) == {"COMPLETED"}
+
+
+def test_an_array_keeps_to_its_parallelism(campaign):
+    d = campaign["dirs"]["main"]
+    array = str(points(d)[0]["slurm_job_id"]).split("_")[0]
+    rows = until(lambda: [r for r in [sacct(array)] if {x["State"] for x in r} == {"COMPLETED"}], 60,
+                 what="sacct to say COMPLETED")[0]
+    assert len(rows) == 6, rows
+    spans = [(r["Start"], r["End"]) for r in rows]
+    most = max(sum(1 for s, e in spans if s <= t < e) for t, _ in spans)  # ISO times compare as text
+    assert most <= 2, spans
+    script = next((d / ".submitit").glob("*/*_submission.sh")).read_text()
+    assert "#SBATCH --array=0-5%2" in script
+
+
+def test_the_submitted_script_carries_the_container(campaign):
+    d = campaign["dirs"]["container"]
+    detach(d, "launcher.container_image=nvcr.io/nvidia/pytorch:25.09-py3", "launcher.container_workdir=/workspace",
+           "launcher.container_mounts=[/lustre/data:/data:ro]", "launcher.container_mount_home=false",
+           "launcher.python=python", *SHORT)
+    (p,) = points(d).values()
+    script = Path(p["submitit_folder"].replace("%j", p["slurm_job_id"])) / f"{p['slurm_job_id']}_submission.sh"
+    (srun,) = [line for line in script.read_text().splitlines() if line.startswith("srun ")]
+    here = d.resolve()
+    assert ("--container-image=nvcr.io/nvidia/pytorch:25.09-py3 --container-workdir=/workspace "
+            f"--container-mounts=/lustre/data:/data:ro,{here}:{here} --no-container-mount-home python -u -m "
+            "submitit.core._submit") in srun
+    # pyxis is not on this cluster: srun refuses the option, and the point says so
+    until(lambda: states(d)[0] not in ACTIVE, 90, what="the container point to end")
+    assert "unrecognized option '--container-image" in points(d)[0]["error"]
+
+
+def test_the_layout_search_screens_as_a_detached_campaign(campaign):
+    d = campaign["dirs"]["screen"]
+    r, _ = campaign["screen"]
+    assert "screening of 2 layouts queued" in r.stdout
+    queued = json.loads((d / "layouts.json").read_text())["screening"]
+    assert queued["detached"] is True and [a["status"] for a in queued["arms"]] == ["SUBMITTED"] * 2
+    w = sweep("wait", d, timeout=400)
+    assert w.returncode == 0 and "screening: measured steady step time" in w.stdout, w.stdout[-3000:]
+    table = json.loads((d / "layouts.json").read_text())["screening"]
+    assert "detached" not in table and sorted(a["measured_rank"] for a in table["arms"]) == [1, 2]
+    assert all(len(a["samples_ms"]) == 5 for a in table["arms"]) and table["validate"]["command"]
+    assert (d / "screening.md").exists()
+
+
+def test_cancel_ends_what_is_queued_and_running(campaign):
+    d = campaign["dirs"]["cancel"]
+    detach(d, "launcher.array_parallelism=1", "train.train_iters=3000", "contract.window=[2,3000]", "repeat=0,1")
+    until(lambda: last_step(d, 0) >= 2, 120, what="the first point to train")
+    assert states(d) == {0: "RUNNING", 1: "PENDING"}
+    c = sweep("cancel", d)
+    assert c.returncode == 0 and "cancelled 2 point(s)" in c.stdout, c.stdout + c.stderr
+    until(lambda: set(states(d).values()) == {"CANCELLED"}, 90, what="both points CANCELLED")
+    res = results(d, 0)  # the running point recorded the steps it measured
+    assert res["status"] == "terminated" and res["signal"] == "SIGTERM" and res["steps"] >= 2
+    assert sweep("wait", d).returncode == 1
+
+
+def test_points_span_two_nodes_and_train_as_on_one(campaign, tmp_path):
+    d = campaign["dirs"]["two"]
+    two = ["launcher.partition=multi", "hardware.nodes=2", "hardware.devices_per_node=1", "expert_mesh=ep2"]
+    detach(d, *two, "dispatcher=alltoall,allgather")
+    one = subprocess.run([sys.executable, "-m", "moe_hydra", f"hydra.run.dir={tmp_path}/one", "logger=none",
+                          "hardware.devices_per_node=2", "expert_mesh=ep2", "dispatcher=alltoall"], cwd=tmp_path,
+                         env=ENV, capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-2000:]
+    w = sweep("wait", d, timeout=400)
+    assert w.returncode == 0, w.stdout[-3000:] + w.stderr[-2000:]
+    for num, p in points(d).items():
+        (row,) = sacct(p["slurm_job_id"])
+        assert row["NNodes"] == "2" and row["NodeList"] in ("localhost,localhost2", "localhost[,2]"), row
+        res = results(d, num)
+        assert res["world_size"] == 2 and res["parallel"]["expert_model_parallel_size"] == 2
+        assert res["attempts"][0]["nodes"] == row["NodeList"]
+        point_dir = d / str(num)  # rank 0's outputs only; each rank's own log
+        assert {f.name for f in point_dir.glob("*.log")} == {"app.log", "app.rank1.log"}
+        task_logs = {f.name for f in Path(p["logs"][0]).parent.glob("*_log.err")}
+        assert len(task_logs) == 2
+    reference = json.loads((tmp_path / "one" / "results.json").read_text())["loss"]["per_step"]
+    assert results(d, 0)["loss"]["per_step"] == reference  # EP2 across two nodes: the one-node EP2 loss curve
+
+
+def test_a_time_limit_requeues_then_ends_timeout_with_its_attempts(campaign):
+    d = campaign["dirs"]["limit"]
+    w = sweep("wait", d, timeout=400)
+    assert w.returncode == 1, w.stdout[-3000:]
+    (p,) = points(d).values()
+    assert p["state"] == "TIMEOUT" and p["attempts"] == 2, p
+    assert "stopped by SIGUSR2" in p["error"] and "timed-out too many times" in p["error"]
+    res = results(d, 0)
+    assert res["status"] == "terminated" and res["signal"] == "SIGUSR2"
+    first, second = res["attempts"]  # launcher.max_num_timeout=1: one requeue, then the end
+    assert first["requeued"] is True and second["requeued"] is False and second["restart_count"] == 1
+    assert all(a["outcome"].startswith("stopped by SIGUSR2") and a["steps"] >= 1 for a in (first, second))
+
+
+def test_a_node_down_under_a_point_is_never_a_success(campaign):
+    d = campaign["dirs"]["down"]
+    detach(d, "launcher.partition=multi", "launcher.cpus_per_task=2", "train.train_iters=200", "contract.window=[2,200]",
+           "repeat=0,1,2")  # two CPUs a point: one point a node
+
+    def victim():
+        now = states(d)
+        for num, p in points(d).items():
+            if now[num] == "RUNNING" and p["nodes"] == "localhost2" and last_step(d, num) >= 2:
+                return num
+        return None
+
+    num = until(victim, 240, what="a point training on localhost2")
+    try:
+        subprocess.run(["scontrol", "update", "nodename=localhost2", "state=down", "reason=moe_hydra test"], check=True)
+        # Slurm's record says NODE_FAIL, then (--requeue) the job waits to go again: REQUEUED; never COMPLETED
+        until(lambda: states(d)[num] in ("NODE_FAIL", "REQUEUED"), 60, every=1, what="NODE_FAIL or REQUEUED")
+    finally:
+        subprocess.run(["scontrol", "update", "nodename=localhost2", "state=resume"], capture_output=True)
+    w = sweep("wait", d, timeout=400)
+    final = points(d)
+    assert all(final[n]["state"] == "COMPLETED" for n in final if n != num), w.stdout[-3000:]
+    if final[num]["state"] == "COMPLETED":  # requeued after the node failure: a second, whole attempt
+        first = results(d, num)["attempts"][0]
+        assert first["requeued"] is True and first["outcome"] != "completed"
+        assert results(d, num)["steps"] == 200
+    else:
+        assert final[num]["state"] == "NODE_FAIL" and w.returncode == 1
+
+
+def test_status_of_a_campaign_is_fast(campaign):
+    t0 = time.monotonic()
+    r = sweep("status", campaign["dirs"]["main"])
+    assert r.returncode == 0 and time.monotonic() - t0 < 3

@@ -20,7 +20,7 @@ run: $(STAMP)
 	$(BIN)/python -m moe_hydra $(ARGS)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(BIN)/python -m pytest -q --durations=40 $(ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/plan_latency.py

@@ -53,10 +53,15 @@ def normalize(args: list[str]) -> list[str]:
     ``-m``, or a config that switches to one (``experiment=dispatcher_ab``, ``launcher=slurm`` set
     ``hydra.mode: MULTIRUN``). So ``hydra.run.dir=DIR`` without ``hydra.sweep.dir`` puts a sweep's points in
     ``DIR/<n>/`` (Hydra alone would use ``outputs/multirun/<date>/<time>``).
+
+    ``repeat=auto`` (repeat is an integer) becomes ``compare.sequential=true`` and a sweep
+    (:func:`moe_hydra.launch.sequential.normalize`).
     """
+    from moe_hydra.launch import sequential
+
     known = set(groups())
     out = []
-    for a in args:
+    for a in sequential.normalize(args):
         if a.startswith("+") and not a.startswith("++") and "=" in a and a[1:].split("=", 1)[0] in known:
             a = a[1:]
         out.append(a)

@@ -14,7 +14,7 @@ import pytest
 
 from moe_hydra.analysis import compare
 from moe_hydra.core import contract
-from moe_hydra.core.stats import FASTER, SAME, SLOWER, welch
+from moe_hydra.core.stats import EQUIVALENT, FASTER, SAME, SLOWER, UNDECIDED, welch
 
 BASE_CONTRACT = {"dispatcher": {"name": "alltoall"}, "train": {"seq_length": 128}, "parallel": {"ep": 1}}
 
@@ -169,11 +169,21 @@ def test_one_run_arms_count_only_beyond_the_run_to_run_noise(tmp_path):
 
 @pytest.mark.slow
 def test_real_runs_a_a_repeats_are_not_called_different(cli, tmp_path):
+    """Three runs of one config: not different beyond the declared floor, nor against the noise measured on them
+    (python -m moe_hydra.noise; compare --noise: source measured in compare.json)."""
     r = cli("logger=none", "repeat=0,1,2", "contract.window=[4,13]", "-m", timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     (comp,) = compare.compare(compare.load([tmp_path / "multi"], print).runs, ["repeat"])
     assert len(comp.effects) == 2
     assert all(e.verdict == SAME for e in comp.effects.values()), comp.effects
+    from moe_hydra import noise
+
+    assert noise.main([str(tmp_path / "multi")]) == 0
+    assert compare.main([str(tmp_path / "multi"), "--variable", "repeat", "--noise",
+                         str(tmp_path / "multi" / "noise.json"), "--out", str(tmp_path / "cmp")]) == 0
+    pairs = json.loads((tmp_path / "cmp" / "compare.json").read_text())["pairs"]
+    assert len(pairs) == 2 and all(p["verdict"] not in (FASTER, SLOWER) for p in pairs), pairs
+    assert {p["noise_floor"]["source"] for p in pairs} == {"measured"}
 
 
 # --------------------------------------------------------------------------- hardening (issue 15)
@@ -417,3 +427,85 @@ def test_arm_names_are_text_not_markup_or_mathtext(tmp_path):
     fake_run(tmp_path, "1", noisy(100, 23, rng), dispatcher="[bold]$x^$")
     assert compare.main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
     assert "[/]$\\frac" in (tmp_path / "out" / "compare.md").read_text()
+
+
+# --------------------------------------------------------------------------- noise floors and equivalence (issue 19)
+
+
+def test_welch_is_scipys_welch():
+    from scipy import stats as st
+
+    rng = random.Random(14)
+    a, b = noisy(100, 20, rng), noisy(103, 12, rng, sd=6.0)
+    e, ref = welch(a, b, "steps"), st.ttest_ind(b, a, equal_var=False)
+    ci = ref.confidence_interval(0.95)
+    assert e.df == pytest.approx(ref.df) and e.p_value == pytest.approx(ref.pvalue)
+    assert (e.ci_low, e.ci_high) == pytest.approx((ci.low / e.mean_a_ms, ci.high / e.mean_a_ms))
+
+
+def repeated(root: Path, deltas: dict[str, float], runs: int, seed: int, run_sd: float = 1.0) -> Path:
+    """Arms of ``runs`` repeats each: dispatcher -> relative difference of its true mean (run-to-run sd ``run_sd``
+    ms, steps 3 ms around it)."""
+    rng, swept = random.Random(seed), ("dispatcher", "repeat")
+    for disp, delta in deltas.items():
+        for i in range(runs):
+            fake_run(root, f"{disp}{i}", noisy(100 * (1 + delta) + rng.gauss(0, run_sd), 23, rng), dispatcher=disp,
+                     swept=swept)
+    return root
+
+
+def test_repeated_a_a_arms_are_equivalent_within_twice_their_noise(tmp_path, capsys):
+    d = repeated(tmp_path / "D", {"alltoall": 0.0, "allgather": 0.0}, runs=6, seed=15)
+    assert compare.main([str(d), "--out", str(tmp_path / "out")]) == 0
+    rec = json.loads((tmp_path / "out" / "compare.json").read_text())
+    (pair,) = rec["pairs"]
+    assert pair["verdict"] == EQUIVALENT and pair["unit"] == "runs" and pair["runs"] == {"dispatcher=alltoall": 6,
+                                                                                         "dispatcher=allgather": 6}
+    eq = pair["equivalence"]
+    assert eq["p_value"] < 0.05 and -eq["margin"] < eq["ci90"][0] < eq["ci90"][1] < eq["margin"]
+    assert pair["noise_floor"]["source"] == "repeats" and pair["noise_floor"]["run_mean_noise"] * 2 == \
+        pytest.approx(eq["margin"])
+    assert "equivalent within" in capsys.readouterr().out
+    assert f"equivalent within ±{eq['margin']:.2%}" in (tmp_path / "out" / "compare.md").read_text()
+    # a margin tighter than the data can show: undecided, and said so
+    assert compare.main([str(d), "--equivalence", "0.01%", "--out", str(tmp_path / "tight")]) == 0
+    assert json.loads((tmp_path / "tight" / "compare.json").read_text())["pairs"][0]["verdict"] == UNDECIDED
+
+
+def test_a_difference_wins_over_equivalence_and_a_declared_floor_never_claims_it(tmp_path):
+    d = repeated(tmp_path / "D", {"alltoall": 0.0, "allgather": 0.3}, runs=4, seed=16)
+    (comp,) = compare.compare(compare.load([d], print).runs, baseline="dispatcher=alltoall", equivalence=0.9)  # slower
+    assert comp.effects["dispatcher=allgather"].verdict == SLOWER
+    one = one_run_per_arm(tmp_path / "one")
+    (comp,) = compare.compare(compare.load([one], print).runs, noise_floor=0.5, equivalence=0.9)
+    e = comp.effects["dispatcher=allgather"]
+    assert e.verdict == UNDECIDED and e.margin is None and comp.noise["dispatcher=allgather"].source == "--noise-floor"
+
+
+def test_compare_json_holds_every_pair_with_its_noise_floor(tmp_path):
+    d = one_run_per_arm(tmp_path / "D")
+    assert compare.main([str(d), "--out", str(tmp_path / "out")]) == 0
+    rec = json.loads((tmp_path / "out" / "compare.json").read_text())
+    (pair,) = rec["pairs"]
+    assert rec["compare_version"] == 1 and pair["variable"] == "dispatcher"
+    assert pair["arms"] == ["dispatcher=alltoall", "dispatcher=allgather"] and pair["verdict"] == SLOWER
+    assert pair["noise_floor"] == {"value": 0.0, "source": "declared"}  # the fixture declares none
+    assert pair["relative_difference"] > 0.2 and pair["ci"][0] > 0 and pair["mde"] > 0 and pair["equivalence"] is None
+    assert rec["notes"] and rec["sequential"] is None
+
+
+@pytest.mark.parametrize("margin", ["0", "1", "-2%", "nan", "abc"])
+def test_a_bad_equivalence_margin_is_refused(tmp_path, margin):
+    with pytest.raises(SystemExit) as e:
+        compare.main([str(tmp_path), "--equivalence", margin])
+    assert e.value.code == compare.EXIT_REFUSED
+
+
+def test_a_sequential_sweep_is_noted_with_its_own_verdict(tmp_path, capsys):
+    d = one_run_per_arm(tmp_path / "D")
+    (d / "sequential.json").write_text(json.dumps({"status": "decided", "pairs": [
+        {"baseline": "dispatcher=alltoall", "candidate": "dispatcher=allgather", "verdict": "slower"}],
+        "runs_used": {"dispatcher=alltoall": 3, "dispatcher=allgather": 3}}))
+    assert compare.main([str(d), "--out", str(tmp_path / "out")]) == 0
+    assert "repeat=auto" in capsys.readouterr().out
+    assert json.loads((tmp_path / "out" / "compare.json").read_text())["sequential"][0]["status"] == "decided"

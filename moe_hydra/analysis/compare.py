@@ -1,6 +1,7 @@
 """``python -m moe_hydra.compare``: matched A/B verdicts with their confidence, acceptance, regression diagnosis.
 
-    python -m moe_hydra.compare DIR [DIR ...] [--variable KEY ...] [--baseline ARM] [--out DIR]   the A/B verdicts
+    python -m moe_hydra.compare DIR [DIR ...] [--variable KEY ...] [--baseline ARM] [--noise FILE] [--equivalence X]
+                                [--out DIR]                                                   the A/B verdicts
     python -m moe_hydra.compare --accept DIR                                                      the validation gate
     python -m moe_hydra.compare --diff RUN_A RUN_B                                   what changed, which wall moved
     python -m moe_hydra.compare --accept RUN --save-baseline FILE                     keep it as golden values
@@ -27,15 +28,24 @@ with identical step times (a copy of a run written before run_id existed) are on
 ("counted once: same run_id as ..."). An arm that was given a run more than once gets no verdict: the
 command's arms are not what it named; pass each run once.
 
-With one run per arm, the steps of its window are the samples and a difference counts only beyond the
-run-to-run noise (hardware.run_to_run_noise, or --noise-floor): step times say nothing about a second run of
-the same config. Repeat the arms (repeat=0,1,2) and the run is the unit, its variance measured.
+The noise between runs, the one each verdict names (``noise_floor``: value and source), is the best one compare
+has: arms that were repeated (repeat=0,1,2) give their own — the run is the unit, Welch on the run means; otherwise
+a measured run-to-run noise (``--noise FILE``, else ``compare.noise_file`` as the runs or the site file set it;
+``python -m moe_hydra.noise`` writes one), with which a run's mean varies by sigma_b^2 + its steps' s^2/n and the
+run means are tested against that (:func:`moe_hydra.core.stats.measured`); otherwise the declared
+hardware.run_to_run_noise (or --noise-floor), a floor: the window's steps are the samples and a difference counts
+only beyond it, since step times say nothing about a second run of the same config.
 
-Output (:mod:`moe_hydra.analysis.report`): a table on the terminal, and ``compare.md`` and ``compare.png`` (step-time distributions per arm) in
-``--out``, by default the first directory when it is writable, else the current directory; the paths are
-printed. Exit code 0 whatever the verdict; 1 for an error (the output could not be written); 2 for a refusal
-or bad input (nothing to compare, no complete run to accept, a bad --noise-floor, a bad baseline file); 3 when
-``--against`` finds a run that regressed (:mod:`moe_hydra.analysis.baseline`).
+Verdicts: faster, slower, equivalent (a two-one-sided test within ``--equivalence``, default twice the noise of
+one run's mean; needs a measured variance: repeats or a noise file), undecided. A sweep run with repeat=auto
+(sequential.json) is noted with its own, sequential verdict.
+
+Output (:mod:`moe_hydra.analysis.report`): a table on the terminal, and ``compare.md``, ``compare.json`` (the
+verdicts, machine-readable) and ``compare.png`` (step-time distributions per arm) in ``--out``, by default the first
+directory when it is writable, else the current directory; the paths are printed. Exit code 0 whatever the verdict;
+1 for an error (the output could not be written); 2 for a refusal or bad input (nothing to compare, no complete run
+to accept, a bad --noise-floor, --noise or --equivalence, a bad baseline file); 3 when ``--against`` finds a run
+that regressed (:mod:`moe_hydra.analysis.baseline`).
 """
 
 from __future__ import annotations
@@ -52,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_hydra.analysis import baseline, profiles, report
+from moe_hydra.analysis import noise as noises
 from moe_hydra.core import contract as contracts
 from moe_hydra.core import results, stats
 
@@ -194,6 +205,7 @@ class Comparison:
     effects: dict[str, stats.Effect] = field(default_factory=dict)
     walls: dict[str, dict[str, Any]] = field(default_factory=dict)  # arm -> profiles.moved(), when profiled
     notes: list[str] = field(default_factory=list)
+    noise: dict[str, noises.Floor] = field(default_factory=dict)  # arm -> the run-to-run noise its verdict used
 
 
 def _floor(members: list[Run], noise_floor: float | None) -> float:
@@ -204,19 +216,54 @@ def _floor(members: list[Run], noise_floor: float | None) -> float:
     return max(float(_select(r.results["contract"], "hardware.run_to_run_noise") or 0.0) for r in members)
 
 
-def _effect(comp: Comparison, name: str, by_runs: bool, floor: float) -> stats.Effect | None:
-    """``name`` against the baseline; None (with a note) when an arm has fewer than 2 samples."""
-    base = comp.arms[comp.baseline]
-    if by_runs:
-        a, b = [r.window_mean for r in base], [r.window_mean for r in comp.arms[name]]
+def _repeats(base: list[Run], cand: list[Run], equivalence: float | None) -> tuple[stats.Effect, noises.Floor]:
+    """Repeated arms: Welch on the run means, the arms' own between-run noise (pooled) as the floor's record."""
+    a, b = [r.window_mean for r in base], [r.window_mean for r in cand]
+    df = len(a) + len(b) - 2
+    pooled = math.sqrt((sum((x - sum(a) / len(a)) ** 2 for x in a) + sum((x - sum(b) / len(b)) ** 2 for x in b)) / df)
+    run_sd = pooled / (sum(a) / len(a))  # one run's mean, relative: what the Welch test reads
+    margin = equivalence if equivalence is not None else (2 * run_sd if run_sd > 0 else None)
+    effect = stats.welch(a, b, "runs", margin=margin)
+    try:
+        nz = stats.run_noise([[r.window_steps for r in base], [r.window_steps for r in cand]])
+        floor = noises.Floor(nz.relative, noises.REPEATS, interval=nz.interval, df=nz.df, step_noise=nz.step_noise,
+                             extra={"run_mean_noise": run_sd})
+    except ValueError:  # windows of one step: no step-to-step variance to take apart
+        floor = noises.Floor(run_sd, noises.REPEATS, extra={"run_mean_noise": run_sd})
+    return effect, floor
+
+
+def _measured(base: list[Run], cand: list[Run], noise: noises.Floor, equivalence: float | None) -> stats.Effect:
+    """Arms with a measured run-to-run noise: their run means against sigma_b^2 + s^2/n (stats.measured)."""
+    a = [stats.RunStat.of(r.window_steps) for r in base]
+    b = [stats.RunStat.of(r.window_steps) for r in cand]
+    ma = sum(x.mean for x in a) / len(a)
+    steps = sum(max(x.within / ma**2, (noise.step_noise or 0.0) ** 2 / x.steps) for x in a) / len(a)
+    run_sd = math.sqrt(noise.value**2 + steps)  # one run's mean, relative
+    margin = equivalence if equivalence is not None else (2 * run_sd if run_sd > 0 else None)
+    return stats.measured(a, b, noise.value, noise.df, margin=margin, step_noise=noise.step_noise,
+                          step_df=noise.step_df)
+
+
+def _effect(comp: Comparison, name: str, mode: str, noise: noises.Floor | None,
+            equivalence: float | None) -> stats.Effect | None:
+    """``name`` against the baseline; None (with a note) when an arm has fewer than 2 samples. ``mode``: "repeats"
+    (every arm repeated: the run is the unit), "measured" (``noise`` measured) or "floor" (``noise`` declared or
+    given: a floor beyond which a step-level difference counts)."""
+    base, cand = comp.arms[comp.baseline], comp.arms[name]
+    if mode == noises.REPEATS:
+        effect, comp.noise[name] = _repeats(base, cand, equivalence)
     else:
         a = [t for r in base for t in r.window_steps]
-        b = [t for r in comp.arms[name] for t in r.window_steps]
-    if len(a) < 2 or len(b) < 2:
-        comp.notes.append(f"{name}: no comparison, {len(a)} and {len(b)} steady samples (Welch needs 2 per arm)")
-        return None
-    effect = stats.welch(a, b, "runs" if by_runs else "steps", floor=floor)
-    if any(r.copies for r in (*base, *comp.arms[name])):
+        b = [t for r in cand for t in r.window_steps]
+        if len(a) < 2 or len(b) < 2:
+            comp.notes.append(f"{name}: no comparison, {len(a)} and {len(b)} steady samples (Welch needs 2 per arm)")
+            return None
+        if mode == noises.MEASURED:
+            effect, comp.noise[name] = _measured(base, cand, noise, equivalence), noise
+        else:
+            effect, comp.noise[name] = stats.welch(a, b, "steps", floor=noise.value), noise
+    if any(r.copies for r in (*base, *cand)):
         return dataclasses.replace(effect, verdict=DUPLICATED)
     return effect
 
@@ -230,14 +277,18 @@ def _walls(comp: Comparison, name: str, floor: float, warn: Warn) -> None:
 
 
 def compare(runs: list[Run], variables: list[str] | None = None, baseline: str | None = None,
-            noise_floor: float | None = None, warn: Warn = lambda message: None) -> list[Comparison]:
+            noise_floor: float | None = None, warn: Warn = lambda message: None, noise: noises.Floor | None = None,
+            equivalence: float | None = None) -> list[Comparison]:
     """A/B comparisons of ``runs`` (distinct complete runs, as :func:`load` gives them) over ``variables``
     (default: what the runs' multiruns swept).
 
-    ``noise_floor``: run-to-run noise for one-run arms (default: the hardware's ``run_to_run_noise``). An arm
-    holding a run that was given more than once (``Run.copies``) gets the verdict :data:`DUPLICATED`.
-    When every run of an arm and of the baseline has a profile.json, the walls that moved are added as a note
-    (``Comparison.walls``); ``warn`` hears of profile.json files that cannot be read.
+    The noise between runs, per comparison: arms all repeated give their own (the run is the unit); else
+    ``noise``, a measured one (:func:`moe_hydra.analysis.noise.measured_floor`); else ``noise_floor`` or the
+    hardware's declared ``run_to_run_noise``, a floor. ``equivalence``: the margin (relative) of the equivalence
+    test, default twice the noise of one run's mean (no equivalence against a declared floor). An arm holding a
+    run that was given more than once (``Run.copies``) gets the verdict :data:`DUPLICATED`. When every run of an
+    arm and of the baseline has a profile.json, the walls that moved are added as a note (``Comparison.walls``);
+    ``warn`` hears of profile.json files that cannot be read.
 
     Raises:
         Refused: no two runs share a contract apart from the variables, or there is nothing to compare.
@@ -260,15 +311,31 @@ def compare(runs: list[Run], variables: list[str] | None = None, baseline: str |
             continue
         names = list(arms)  # in run order: the sweep's first value is the baseline unless --baseline says
         comp = Comparison(variables, key, arms, baseline if baseline in arms else names[0])
-        by_runs = all(len(rs) >= 2 for rs in arms.values())
-        floor = 0.0 if by_runs else _floor(members, noise_floor)
+        if all(len(rs) >= 2 for rs in arms.values()):
+            mode, floor = noises.REPEATS, None
+        elif noise is not None and noise_floor is None:
+            mode, floor = noises.MEASURED, noise
+        else:
+            mode = "floor"
+            floor = noises.Floor(_floor(members, noise_floor),
+                                 noises.OPTION if noise_floor is not None else noises.DECLARED)
         for name in names:
-            if name != comp.baseline and (effect := _effect(comp, name, by_runs, floor)):
+            if name != comp.baseline and (effect := _effect(comp, name, mode, floor, equivalence)):
                 comp.effects[name] = effect
-                _walls(comp, name, floor, warn)
-        if not by_runs:
-            comp.notes.append(f"one run per arm: a difference counts only beyond the run-to-run noise of {floor:.0%} "
-                              "(hardware.run_to_run_noise); repeat the arms (e.g. repeat=0,1,2) for a run-level verdict")
+                _walls(comp, name, comp.noise[name].value if mode != noises.REPEATS else 0.0, warn)
+        if mode == "floor":
+            said = "--noise-floor" if noise_floor is not None else "hardware.run_to_run_noise, declared"
+            comp.notes.append(f"one run per arm: a difference counts only beyond the run-to-run noise of "
+                              f"{floor.value:.0%} ({said}); "
+                              "repeat the arms (e.g. repeat=0,1,2) for a run-level verdict, or measure the noise "
+                              "(python -m moe_hydra.noise) and pass --noise FILE")
+        elif mode == noises.MEASURED:
+            comp.notes.append(f"one run per arm: a run's mean varies by the measured run-to-run noise {floor.label()} "
+                              f"({floor.file}) besides its own steps; the run means are tested against both "
+                              f"(unit: runs, t on {floor.df:.1f}+ df)"
+                              + ("; one run per arm cannot show equivalence within twice one run's noise: repeat "
+                                 "the arms, or let repeat=auto decide" if equivalence is None and
+                                 all(len(rs) == 1 for rs in arms.values()) else ""))
         if any(e.verdict == DUPLICATED for e in comp.effects.values()):
             comp.notes.append("a run given more than once was counted once (see the warnings), and the arms holding "
                               "it get no verdict: the command named arms it did not have; pass each run once")
@@ -440,6 +507,45 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _margin(text: str) -> float:
+    """--equivalence: a relative margin, "2%" or "0.02" (argparse refuses anything else with exit code 2)."""
+    try:
+        return noises.relative_margin(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e) if "margin" in str(e) else f"{text!r} is not a relative margin in "
+                                         "(0, 1), e.g. 2% or 0.02") from None
+
+
+SEQUENTIAL_FILE = "sequential.json"  # repeat=auto's record in its sweep directory (moe_hydra.launch.sequential)
+
+
+def _sequential(dirs: list[Path], warn: Warn) -> list[dict[str, Any]]:
+    """The repeat=auto records (sequential.json) of the directories given, each with its path."""
+    out = []
+    for d in dict.fromkeys(dirs):
+        path = d / SEQUENTIAL_FILE
+        if path.is_file():
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as e:
+                warn(f"{path}: unreadable ({type(e).__name__}); its sequential verdict is not shown")
+                continue
+            if isinstance(data, dict):
+                out.append({"file": str(path), **data})
+    return out
+
+
+def _recorded_margin(runs: list[Run], warn: Warn) -> float | None:
+    """compare.equivalence as the runs recorded it (the command line's or the site file's), when one did."""
+    values = {v for v in (noises.recorded(r.path, "compare.equivalence") for r in runs) if v is not None}
+    for v in sorted(values, key=str):
+        try:
+            return noises.relative_margin(str(v))
+        except ValueError:
+            warn(f"compare.equivalence {v!r} recorded by the runs is not a margin in (0, 1); not used")
+    return None
+
+
 def _out_dir(args: argparse.Namespace) -> Path:
     """--out, else the first directory when it is writable, else the current directory."""
     if args.out is not None:
@@ -480,10 +586,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("dirs", nargs="+", type=Path, help="sweep or run directories")
     ap.add_argument("--variable", action="append", help="the variable under test (override key); repeatable")
     ap.add_argument("--baseline", help="the baseline arm, e.g. 'dispatcher=alltoall'")
-    ap.add_argument("--noise-floor", type=_fraction, help="run-to-run noise for one-run arms, relative, in [0, 1) "
-                    "(default: hardware.run_to_run_noise of the runs)")
-    ap.add_argument("--out", type=Path, help="where compare.md and compare.png go (created; default: the first "
-                    "directory when writable, else the current directory)")
+    given = ap.add_mutually_exclusive_group()
+    given.add_argument("--noise-floor", type=_fraction, help="a declared run-to-run noise for one-run arms, relative, "
+                       "in [0, 1), a floor (default: hardware.run_to_run_noise of the runs)")
+    given.add_argument("--noise", type=Path, metavar="FILE", help="the measured run-to-run noise for one-run arms: a "
+                       "noise.json from python -m moe_hydra.noise (default: compare.noise_file, else the declared one)")
+    ap.add_argument("--equivalence", type=_margin, metavar="X", help="the equivalence margin, relative: 2%% or 0.02 "
+                    "(default: compare.equivalence, else twice the noise of one run's mean)")
+    ap.add_argument("--out", type=Path, help="where compare.md, compare.json and compare.png go (created; default: "
+                    "the first directory when writable, else the current directory)")
     ap.add_argument("--accept", action="store_true", help="the acceptance gate of the validate phase")
     ap.add_argument("--diff", action="store_true", help="regression diagnosis of two run directories")
     ap.add_argument("--save-baseline", type=Path, metavar="FILE", help="with --accept: keep the accepted run as a "
@@ -531,19 +642,29 @@ def main(argv: list[str] | None = None) -> int:
                 baseline.save(baseline.make(runs[0].path, runs[0].results, runs[0].window_steps), args.save_baseline)
                 out.print(f"baseline written: {args.save_baseline}", highlight=False, markup=False)
             return 0
-        comps = compare(runs, variables, args.baseline, args.noise_floor, warn)
+        try:
+            measured = None if args.noise_floor is not None else noises.measured_floor(
+                args.noise, [r.path for r in runs], warn)
+        except noises.BadNoise as e:
+            raise Refused(f"--noise: {e}") from None
+        equivalence = args.equivalence if args.equivalence is not None else _recorded_margin(runs, warn)
+        comps = compare(runs, variables, args.baseline, args.noise_floor, warn, noise=measured,
+                        equivalence=equivalence)
     except Refused as e:
         print(f"moe_hydra.compare: refused: {e}", file=sys.stderr)
         return EXIT_REFUSED
+    sequential = _sequential(args.dirs, warn)
     out.print(report.table(comps))
     for c in comps:
         for n in c.notes:
             out.print(f"note: {n}", highlight=False, markup=False)
+    for seq in sequential:
+        out.print(f"note: {report.sequential_line(seq)}", highlight=False, markup=False)
     out_dir = _out_dir(args)
     try:
-        written = report.write(comps, warnings, out_dir)
+        written = report.write(comps, warnings, out_dir, sequential)
     except OSError as e:
-        print(f"moe_hydra.compare: error: cannot write compare.md, compare.png to {out_dir}: "
+        print(f"moe_hydra.compare: error: cannot write compare.md, compare.png, compare.json to {out_dir}: "
               f"{e.strerror or e}; choose a directory with --out DIR", file=sys.stderr)
         return EXIT_ERROR
     out.print(f"written: {', '.join(map(str, written))}", highlight=False, markup=False)

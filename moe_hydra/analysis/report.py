@@ -1,6 +1,14 @@
-"""compare's output: the verdict table on the terminal, ``compare.md``, ``compare.png`` (step-time distributions per
-arm) and ``--diff``'s report. Values from the files are text, never markup: rich's markup is escaped, and
-matplotlib's mathtext ``$`` too.
+"""compare's output: the verdict table on the terminal, ``compare.md``, ``compare.json`` (the verdicts,
+machine-readable), ``compare.png`` (step-time distributions per arm) and ``--diff``'s report. Values from the files
+are text, never markup: rich's markup is escaped, and matplotlib's mathtext ``$`` too.
+
+``compare.json`` (``compare_version`` 1): ``pairs``, one per candidate arm against its baseline: ``variable`` (the
+variables, comma-separated), ``variables``, ``contract_hash``, ``arms`` ([baseline, candidate]), ``runs``
+(per arm), ``mean_ms`` (per arm), ``unit``, ``verdict`` (faster, slower, equivalent, undecided, or "none: ..."),
+``relative_difference`` (step time, B / A - 1), ``ci`` (95 %), ``p_value``, ``df``, ``mde``, ``tokens_per_s``
+(``relative``, ``ci``), ``equivalence`` (``margin``, ``p_value``, ``ci90``; null when not tested), ``noise_floor``
+(``value``, ``source``: measured / repeats / declared / --noise-floor, and for a measured one ``file``,
+``interval``, ``df``); ``notes``; ``skipped``; ``sequential`` (the sweep's repeat=auto record, when there is one).
 """
 
 from __future__ import annotations
@@ -10,24 +18,38 @@ from pathlib import Path
 from typing import Any
 
 Comparison = Any  # moe_hydra.analysis.compare.Comparison (not imported: compare imports this module)
+COMPARE_VERSION = 1
 
 
 def pct(x: float) -> str:
     return f"{x:+.2%}" if math.isfinite(x) else str(x)
 
 
+def verdict_text(e: Any) -> str:
+    """The verdict as shown: "equivalent within +-4.00%" names its margin."""
+    return f"{e.verdict} within ±{e.margin:.2%}" if e.verdict == "equivalent" and e.margin is not None else e.verdict
+
+
+def _noise(c: Comparison, name: str, interval: bool = True) -> str:
+    floor = c.noise.get(name)
+    if floor is None:
+        return ""
+    return floor.label() if interval else f"{floor.value:.1%} {floor.source}"
+
+
 def markdown(comps: list[Comparison], warnings: list[str]) -> str:
     lines = ["# moe_hydra compare", ""]
     for c in comps:
         lines += [f"## {', '.join(c.variables)} (contract {c.contract_hash}), baseline `{c.baseline}`", "",
-                  ("| arm | runs | step ms | step time vs baseline (95% CI) | tokens/s/GPU vs baseline (95% CI) | MDE | "
-                   "verdict |"), "|---|---|---|---|---|---|---|"]
+                  ("| arm | runs | step ms | step time vs baseline (95% CI) | tokens/s/GPU vs baseline (95% CI) | "
+                   "MDE | run-to-run noise | verdict |"), "|---|---|---|---|---|---|---|---|"]
         base_ms = sum(r.window_mean for r in c.arms[c.baseline]) / len(c.arms[c.baseline])
-        lines.append(f"| {c.baseline} | {len(c.arms[c.baseline])} | {base_ms:.2f} | baseline | baseline | | |")
+        lines.append(f"| {c.baseline} | {len(c.arms[c.baseline])} | {base_ms:.2f} | baseline | baseline | | | |")
         for name, e in c.effects.items():
             lines.append(f"| {name} | {len(c.arms[name])} | {e.mean_b_ms:.2f} | {pct(e.rel_step_time)} "
                          f"[{pct(e.ci_low)}, {pct(e.ci_high)}] | {pct(e.rel_tokens_per_s)} [{pct(e.tokens_ci_low)}, "
-                         f"{pct(e.tokens_ci_high)}] | {e.mde:.2%} | {e.verdict} (unit: {e.unit}, p={e.p_value:.3g}) |")
+                         f"{pct(e.tokens_ci_high)}] | {e.mde:.2%} | {_noise(c, name)} | {verdict_text(e)} "
+                         f"(unit: {e.unit}, p={e.p_value:.3g}) |")
         lines += [""] + [f"> {n}" for n in c.notes] + [""]
     if warnings:
         lines += ["## Skipped", ""] + [f"- {w}" for w in warnings]
@@ -64,29 +86,85 @@ def table(comps: list[Comparison]):
     from rich.table import Table
 
     t = Table(title="A/B verdicts (steady-window step time; 95% CI, Welch)", title_justify="left")
-    for col in ("variable", "baseline", "candidate", "unit", "step time", "95% CI", "tokens/s/GPU", "MDE", "verdict"):
+    for col in ("variable", "baseline", "candidate", "unit", "step time", "95% CI", "tokens/s/GPU", "MDE",
+                "run-to-run noise", "verdict"):
         t.add_column(col)
     for c in comps:
         for name, e in c.effects.items():
-            color = {"faster": "green", "slower": "red"}.get(e.verdict, "yellow")
+            color = {"faster": "green", "slower": "red", "equivalent": "cyan"}.get(e.verdict, "yellow")
             t.add_row(escape(", ".join(c.variables)), escape(f"{c.baseline} ({e.mean_a_ms:.2f} ms, n={e.n_a})"),
                       escape(f"{name} ({e.mean_b_ms:.2f} ms, n={e.n_b})"), e.unit, pct(e.rel_step_time),
                       escape(f"[{pct(e.ci_low)}, {pct(e.ci_high)}]"), pct(e.rel_tokens_per_s), f"{e.mde:.2%}",
-                      f"[{color}]{escape(e.verdict)}")
+                      escape(_noise(c, name, interval=False)), f"[{color}]{escape(verdict_text(e))}")
     return t
 
 
-def write(comps: list[Comparison], warnings: list[str], out_dir: Path) -> list[Path]:
-    """compare.md and compare.png in ``out_dir`` (created); their paths.
+def _finite(x: Any) -> Any:
+    """JSON has no NaN or infinity: null instead (nested)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
+def pairs(comps: list[Comparison]) -> list[dict[str, Any]]:
+    """compare.json's pairs: one per candidate arm against its baseline."""
+    out = []
+    for c in comps:
+        for name, e in c.effects.items():
+            floor = c.noise.get(name)
+            out.append({
+                "variable": ", ".join(c.variables), "variables": list(c.variables), "contract_hash": c.contract_hash,
+                "arms": [c.baseline, name], "runs": {c.baseline: len(c.arms[c.baseline]), name: len(c.arms[name])},
+                "mean_ms": {c.baseline: e.mean_a_ms, name: e.mean_b_ms}, "unit": e.unit, "verdict": e.verdict,
+                "relative_difference": e.rel_step_time, "ci": [e.ci_low, e.ci_high], "confidence": 0.95,
+                "p_value": e.p_value, "df": e.df, "mde": e.mde,
+                "tokens_per_s": {"relative": e.rel_tokens_per_s, "ci": [e.tokens_ci_low, e.tokens_ci_high]},
+                "equivalence": None if e.margin is None else {
+                    "margin": e.margin, "p_value": e.eq_p_value, "ci90": [e.eq_ci_low, e.eq_ci_high]},
+                "noise_floor": floor.as_dict() if floor is not None else None,
+                "walls": (c.walls.get(name) or {}).get("summary"),
+            })
+    return out
+
+
+def record(comps: list[Comparison], warnings: list[str], sequential: list[dict[str, Any]] = ()) -> dict[str, Any]:
+    return _finite({"compare_version": COMPARE_VERSION, "pairs": pairs(comps),
+                    "notes": [n for c in comps for n in c.notes], "skipped": list(warnings),
+                    "sequential": list(sequential) or None})
+
+
+def sequential_line(seq: dict[str, Any]) -> str:
+    """One line for a repeat=auto record (sequential.json)."""
+    verdicts = "; ".join(f"{p.get('candidate')} vs {p.get('baseline')}: {p.get('verdict')}"
+                         for p in seq.get("pairs") or [])
+    used = seq.get("runs_used") or {}
+    return (f"repeat=auto ({seq.get('file')}): {seq.get('status')}, {verdicts or 'no verdict yet'}; runs used "
+            f"{', '.join(f'{k}: {v}' for k, v in used.items()) or 'none'}. Its verdict is the sequential test's "
+            "(alpha spent over the looks); the table above reads the same runs as one fixed-size A/B")
+
+
+def write(comps: list[Comparison], warnings: list[str], out_dir: Path,
+          sequential: list[dict[str, Any]] = ()) -> list[Path]:
+    """compare.md, compare.json and compare.png in ``out_dir`` (created); their paths.
 
     Raises:
         OSError: ``out_dir`` cannot be created or written.
     """
+    from moe_hydra.core.io import write_json
+
     out_dir.mkdir(parents=True, exist_ok=True)
-    md, png = out_dir / "compare.md", out_dir / "compare.png"
-    md.write_text(markdown(comps, warnings), encoding="utf-8", errors="replace")
+    md, js, png = out_dir / "compare.md", out_dir / "compare.json", out_dir / "compare.png"
+    text = markdown(comps, warnings)
+    if sequential:
+        text += "\n## repeat=auto\n\n" + "".join(f"- {sequential_line(s)}\n" for s in sequential)
+    md.write_text(text, encoding="utf-8", errors="replace")
+    write_json(record(comps, warnings, sequential), js)
     plot(comps, png)
-    return [md, png]
+    return [md, js, png]
 
 
 def print_diff(out, report: dict[str, Any]) -> None:

@@ -426,6 +426,28 @@ class LoggerConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class CompareConfig:
+    """How A/B verdicts read the noise between runs (``python -m moe_hydra.compare``) and how ``repeat=auto`` decides
+    (moe_hydra.launch.sequential). Best set once per cluster in a site file. Not part of the contract."""
+
+    # A noise.json from ``python -m moe_hydra.noise`` (the measured run-to-run noise): compare judges one-run arms
+    # with it, repeat=auto pools it with its runs; relative paths are taken from $MOE_HYDRA_SITE when set. null: the
+    # declared hardware.run_to_run_noise (a floor; repeated arms measure their own).
+    noise_file: Optional[str] = None
+    # The equivalence margin, relative (0.02: within +-2 %); null: compare.target_mde, else twice the noise of one
+    # run's mean.
+    equivalence: Optional[float] = None
+    # The smallest effect worth finding, relative; repeat=auto's default equivalence margin; null: from the noise.
+    target_mde: Optional[float] = None
+    # repeat=auto: at most this many runs per arm.
+    max_repeats: int = 8
+    # The false-verdict rate of every verdict (two-sided for a difference; each one-sided test of equivalence).
+    alpha: float = 0.05
+    # Set by repeat=auto on the command line (repeat is an integer): run the sweep's arms in rounds until decided.
+    sequential: bool = False
+
+
+@dataclass(kw_only=True, slots=True)
 class ProfileConfig:
     """The workflow's profile stage (``profile=window``): a declared window of steady steps traced on every rank
     (moe_hydra.job.profile), its wall time split into the Three Walls in ``profile.json`` (moe_hydra.core.walls).
@@ -505,6 +527,7 @@ class Config:
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     step_model: StepModelConfig = field(default_factory=StepModelConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
+    compare: CompareConfig = field(default_factory=CompareConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 

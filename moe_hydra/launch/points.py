@@ -32,7 +32,7 @@ from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from moe_hydra.launch import state
+from moe_hydra.launch import sequential, state
 
 log = logging.getLogger("moe_hydra")
 
@@ -216,6 +216,8 @@ class PointsSweeperImpl(Sweeper):
                             str(e))]]
         with lock:
             OmegaConf.save(self.config, Path(str(self.config.hydra.sweep.dir)) / "multirun.yaml")
+            if sequential.requested(self.config):  # repeat=auto: rounds of the arms until decided
+                return sequential.drive(self, overrides)
             returns, first = [], 0
             for batch in BasicSweeper.split_arguments(overrides, self.max_batch_size):
                 returns.append(self._launch(batch, first))

@@ -1,0 +1,265 @@
+"""Run-to-run noise: measured from repeated runs of one config (``noise.json``), and the noise floor compare uses.
+
+    python -m moe_hydra.noise DIR [DIR ...] [--out DIR] [--pool]
+
+The runs (every complete ``results.json`` under the directories, each counted once, as compare reads them) must be
+repeats of one config (one contract; ``--pool`` takes several configs, the runs nested in them). Their
+steady-window step times give the between-run variance apart from the step-to-step variance: a one-way
+random-effects ANOVA with the runs as groups, its interval the modified large-sample one
+(:func:`moe_hydra.core.stats.run_noise`). ``run_to_run_noise`` is sigma_between / grand mean, relative.
+
+``noise.json`` (``noise_version`` 1): ``source`` "measured", ``run_to_run_noise`` and its ``interval`` (95 %),
+``df`` (Satterthwaite's, of sigma_between^2), ``step_noise`` (sigma_within / mean), ``run_mean_noise`` (one run
+mean's standard deviation, sqrt(sigma_b^2 + sigma_w^2 / n) / mean), ``runs``, ``steps``, ``steps_per_run``,
+``grand_mean_ms``, ``run_means_ms``, ``components`` (MSB, MSW, n0, their df, the variances in ms^2),
+``hardware`` (the runs' contract section), ``contract`` (``contract_hash``, ``contract_full_hash``, ``digest``),
+``declared`` (their hardware.run_to_run_noise), ``dirs``, ``measured_at``.
+
+The noise floor compare uses for arms of one run (:func:`floor_for`), in this order: the arms' own repeats (not
+here: compare's Welch on run means); ``--noise FILE``; ``compare.noise_file`` as the runs recorded it
+(``.hydra/config.yaml``: the command line or the site file, ``MOE_HYDRA_SITE``) or, for runs that predate it, the
+site file's own; else the declared ``hardware.run_to_run_noise``, labelled "declared". A relative
+``compare.noise_file`` is taken relative to ``$MOE_HYDRA_SITE`` when that is set, else the current directory.
+
+Reads files only.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from moe_hydra.core import contract as contracts
+from moe_hydra.core import stats
+from moe_hydra.core.schema import site_dir
+
+NOISE_FILE = "noise.json"
+NOISE_VERSION = 1
+MEASURED, REPEATS, DECLARED, OPTION = "measured", "repeats", "declared", "--noise-floor"
+CONFIG_KEY = "compare.noise_file"
+
+Warn = Callable[[str], None]
+
+
+class BadNoise(Exception):
+    """A noise file (or the runs to measure one from) cannot be used; the message says why."""
+
+
+@dataclass(frozen=True)
+class Floor:
+    """The run-to-run noise a comparison used: ``value`` (relative sigma_between, or the declared floor) and where it
+    came from (``source``: measured, repeats, declared, --noise-floor)."""
+
+    value: float
+    source: str
+    file: str | None = None
+    interval: tuple[float, float] | None = None
+    df: float | None = None
+    step_noise: float | None = None
+    step_df: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in asdict(self).items() if v is not None and k != "extra"}
+        if self.interval is not None:
+            out["interval"] = list(self.interval)
+        return {**out, **self.extra}
+
+    def label(self) -> str:
+        """"1.9% measured [1.1%, 4.0%]", "20% declared"."""
+        text = f"{self.value:.1%} {self.source}"
+        return text + (f" [{self.interval[0]:.1%}, {self.interval[1]:.1%}]" if self.interval else "")
+
+
+# --------------------------------------------------------------------------- measuring
+
+def _window(run: Any) -> list[float]:
+    return list(run.window_steps)
+
+
+def measure(groups: Sequence[Sequence[Any]], dirs: Sequence[Path]) -> tuple[stats.Noise, dict[str, Any]]:
+    """The noise of ``groups`` (configs -> runs, objects with ``window_steps``, ``results`` and ``path``, as
+    :func:`moe_hydra.analysis.compare.load` gives them) and the ``noise.json`` record.
+
+    Raises:
+        BadNoise: fewer than two runs of one config, or runs of one step.
+    """
+    try:
+        noise = stats.run_noise([[_window(r) for r in g] for g in groups])
+    except ValueError as e:
+        raise BadNoise(str(e)) from None
+    runs = [r for g in groups for r in g]
+    first = runs[0].results
+    windows = {tuple(r.results.get("window") or ()) for r in runs}
+    declared = {((r.results["contract"].get("hardware") or {}).get("run_to_run_noise")) for r in runs}
+    lo, hi = noise.interval
+    record = {
+        "noise_version": NOISE_VERSION,
+        "source": MEASURED,
+        "run_to_run_noise": noise.relative,
+        "interval": [lo, hi],
+        "confidence": noise.confidence,
+        "df": noise.df,
+        "step_noise": noise.step_noise,
+        "run_mean_noise": noise.run_mean_noise,
+        "runs": noise.runs,
+        "steps": noise.steps,
+        "steps_per_run": noise.n0,
+        "configs": noise.arms,
+        "window": list(windows.pop()) if len(windows) == 1 else None,
+        "grand_mean_ms": noise.grand_mean,
+        "run_means_ms": [sum(_window(r)) / len(_window(r)) for r in runs],
+        "components": {"msb": noise.msb, "msw": noise.msw, "n0": noise.n0, "df_between": noise.df_between,
+                       "df_within": noise.df_within, "var_between_ms2": noise.var_between,
+                       "var_within_ms2": noise.var_within},
+        "estimator": "one-way random-effects ANOVA, runs as groups (nested in configs): sigma_b^2 = max(0, (MSB - "
+                     "MSW) / n0), sigma_w^2 = MSW; interval: modified large-sample (Ting et al. 1990); df: "
+                     "Satterthwaite",
+        "hardware": first["contract"].get("hardware"),
+        "contract": {"contract_hash": first.get("contract_hash"), "contract_full_hash": first.get("contract_full_hash"),
+                     "digest": contracts.digest(first["contract"])} if noise.arms == 1 else None,
+        "declared": declared.pop() if len(declared) == 1 else sorted(map(str, declared)),
+        "dirs": [str(d) for d in dirs],
+        "run_dirs": [str(r.path) for r in runs],
+        "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    return noise, record
+
+
+def summary(record: dict[str, Any]) -> str:
+    lo, hi = record["interval"]
+    return (f"run-to-run noise {record['run_to_run_noise']:.2%} [{lo:.2%}, {hi:.2%}] (sigma_between / mean, 95% "
+            f"interval; {record['runs']} runs, {record['steps']} steps, df {record['df']:.1f}); steps "
+            f"{record['step_noise']:.2%} (sigma_within / mean); one run's mean {record['run_mean_noise']:.2%}; "
+            f"declared hardware.run_to_run_noise {record['declared']}")
+
+
+# --------------------------------------------------------------------------- reading noise.json
+
+def load(path: Path) -> dict[str, Any]:
+    """A noise file, checked: source measured, run_to_run_noise a fraction in [0, 1), df positive.
+
+    Raises:
+        BadNoise: missing, not JSON, or against those.
+    """
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BadNoise(f"{path}: no such noise file (python -m moe_hydra.noise DIR writes one)") from None
+    except (OSError, ValueError, RecursionError) as e:
+        raise BadNoise(f"{path}: unreadable or not JSON ({type(e).__name__})") from None
+    if not isinstance(data, dict):
+        raise BadNoise(f"{path}: not a JSON object")
+    value = data.get("run_to_run_noise")
+    if data.get("source") != MEASURED:
+        raise BadNoise(f"{path}: source is {data.get('source')!r}, want \"measured\"")
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1:
+        raise BadNoise(f"{path}: run_to_run_noise is {value!r} (want a fraction in [0, 1))")
+    df = data.get("df")
+    if df is not None and (not isinstance(df, (int, float)) or isinstance(df, bool) or not df >= 0):
+        raise BadNoise(f"{path}: df is {df!r} (want a number >= 0)")
+    interval = data.get("interval")
+    if interval is not None and not (isinstance(interval, list) and len(interval) == 2 and all(
+            isinstance(x, (int, float)) and math.isfinite(x) for x in interval)):
+        raise BadNoise(f"{path}: interval is {interval!r} (want [low, high])")
+    return data
+
+
+def floor_of(data: dict[str, Any], path: Path) -> Floor:
+    """The measured noise of a loaded noise file, as a :class:`Floor`. Its df: the file's (Satterthwaite's), else
+    runs - 1; at least 1 (a zero estimate says little about the next run)."""
+    df = data.get("df")
+    runs = data.get("runs")
+    if not df:
+        df = max(float(runs) - 1, 1.0) if isinstance(runs, (int, float)) else 1.0
+    interval = data.get("interval")
+    step = data.get("step_noise")
+    step_df = (data.get("components") or {}).get("df_within") if isinstance(data.get("components"), dict) else None
+    return Floor(value=float(data["run_to_run_noise"]), source=MEASURED, file=str(path),
+                 interval=tuple(interval) if interval else None, df=max(float(df), 1.0),
+                 step_noise=float(step) if isinstance(step, (int, float)) and math.isfinite(step) and step >= 0
+                 else None,
+                 step_df=float(step_df) if isinstance(step_df, (int, float)) and step_df > 0 else None,
+                 extra={"runs": runs} if isinstance(runs, int) else {})
+
+
+def resolve_path(text: str) -> Path:
+    """``compare.noise_file`` as a path: absolute as it is; relative to ``$MOE_HYDRA_SITE`` when set, else to the
+    current directory."""
+    p = Path(text).expanduser()
+    if p.is_absolute():
+        return p
+    site = site_dir()
+    return (site / p) if site else p
+
+
+def recorded(run_dir: Path, key: str = CONFIG_KEY) -> Any:
+    """``key`` as the run recorded it (its .hydra/config.yaml), interpolations resolved; None when absent."""
+    cfg_file = Path(run_dir) / ".hydra" / "config.yaml"
+    if not cfg_file.is_file():
+        return None
+    try:
+        from omegaconf import OmegaConf
+
+        value = OmegaConf.select(OmegaConf.load(cfg_file), key, default=None)
+    except Exception:  # noqa: BLE001 - an unreadable config, an interpolation that does not resolve: not set
+        return None
+    return value if value not in (None, "") else None
+
+
+def _site() -> str | None:
+    """compare.noise_file in the site file ($MOE_HYDRA_SITE/site/default.yaml), when there is one."""
+    site = site_dir()
+    if not site or not (site / "site" / "default.yaml").is_file():
+        return None
+    try:
+        import yaml
+
+        data = yaml.safe_load((site / "site" / "default.yaml").read_text(encoding="utf-8")) or {}
+    except Exception:  # noqa: BLE001 - unreadable, or yaml's errors: not set
+        return None
+    value = ((data.get("compare") or {}) if isinstance(data, dict) else {}).get("noise_file")
+    return str(value) if value not in (None, "") else None
+
+
+def configured(run_dirs: Sequence[Path], warn: Warn) -> Path | None:
+    """The noise file the runs were configured with (compare.noise_file, the command line's or the site's), else
+    the current site file's; None when neither names one."""
+    named = [str(v) for v in (recorded(d) for d in run_dirs) if v]
+    if len(set(named)) > 1:
+        warn(f"the runs name different noise files ({', '.join(sorted(set(named)))}); using {named[0]}")
+    text = named[0] if named else _site()
+    return resolve_path(text) if text else None
+
+
+def measured_floor(noise_file: Path | None, run_dirs: Sequence[Path], warn: Warn) -> Floor | None:
+    """The measured noise compare uses: ``noise_file`` (--noise; a bad one raises :class:`BadNoise`), else the
+    configured one (a bad or missing one is warned about and the declared noise is used), else None."""
+    if noise_file is not None:
+        return floor_of(load(noise_file), noise_file)
+    path = configured(run_dirs, warn)
+    if path is None:
+        return None
+    try:
+        return floor_of(load(path), path)
+    except BadNoise as e:
+        warn(f"{CONFIG_KEY}: {e}; the declared hardware.run_to_run_noise is used instead")
+        return None
+
+
+def relative_margin(text: str) -> float:
+    """--equivalence: "2%" or "0.02", a fraction in (0, 1).
+
+    Raises:
+        ValueError: anything else.
+    """
+    t = text.strip()
+    value = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    if not 0 < value < 1:
+        raise ValueError(f"{text!r} is not a relative margin in (0, 1), e.g. 2% or 0.02")
+    return value

@@ -1,0 +1,276 @@
+"""``repeat=auto``: a sequential A/B that launches rounds of runs until the comparison is decided.
+
+    python -m moe_hydra train.micro_batch_size=4,5 repeat=auto -m [compare.max_repeats=8] [compare.noise_file=F]
+
+The arms are the sweep's points (here ``train.micro_batch_size=4`` and ``=5``; the first is the baseline). Each
+round launches one run of every undecided arm (``repeat=<round>``, job numbers continuing the sweep's, the arms'
+order alternating between rounds so that neither always runs first) through the configured launcher, as the
+sweep's own points (the local launcher, or Slurm), then looks: every candidate against the baseline with the
+group-sequential test of :func:`moe_hydra.core.stats.sequential_looks` — the difference of run means two-sided, and
+equivalence within a margin by two one-sided tests, each against Lan-DeMets O'Brien-Fleming-type alpha spending, so
+that looking after every round keeps the false-verdict rate at ``compare.alpha`` (5 %). It stops when every
+candidate is decided (faster, slower, equivalent) or at ``compare.max_repeats`` runs per arm (undecided).
+
+The variance of a run's mean comes from the arms' own runs, pooled with the measured run-to-run noise when there is
+one (``compare.noise_file``, e.g. from a site file; ``python -m moe_hydra.noise`` writes it): with it the first
+look is after round 1, without it after round 2. The equivalence margin is ``compare.equivalence``, else
+``compare.target_mde``, else twice the noise of one run's mean (measured: sqrt(sigma_b^2 + sigma_w^2 / n) from the
+noise file and the window's n steps); it is fixed before the first run, as the test requires. Without any of them
+(only the declared ``hardware.run_to_run_noise``, a guess) equivalence is not tested: the arms run until a
+difference is found or the cap.
+
+``sequential.json`` in the sweep directory, rewritten after every round (``sequential_version`` 1): ``status``
+(running, decided, undecided at the cap, queued, refused, failed), ``design``, ``arms``, ``baseline``, ``rounds``
+(per round the points launched — number, arm, directory, state, mean step ms — and each candidate's look), ``pairs``
+(per candidate: the final verdict, relative step time with its repeated 95 % confidence interval, the looks taken,
+the runs used) and ``runs_used`` per arm.
+
+Detached (``launcher=slurm launcher.detach=true``): each invocation queues at most one round and returns; the same
+command again, once it has run (``python -m moe_hydra.sweep wait DIR``), keeps the rounds that completed (the Slurm
+launcher keeps complete points), looks, and queues the next round or stops. Locally (and attached on Slurm) one
+command runs the rounds to the end.
+
+The sweeper calls :func:`drive` (``hydra/sweeper=points``); ``repeat`` is an integer in the schema, so the command
+line's ``repeat=auto`` becomes ``compare.sequential=true`` before Hydra composes anything (:func:`normalize`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from moe_hydra.analysis import noise as noises
+from moe_hydra.core import io, stats
+from moe_hydra.launch import state
+
+log = logging.getLogger("moe_hydra")
+
+AUTO = "repeat=auto"
+FLAG = "compare.sequential"
+SEQUENTIAL_FILE = "sequential.json"
+SEQUENTIAL_VERSION = 1
+SPENDING = ("Lan-DeMets O'Brien-Fleming-type alpha spending, alpha(t) = 2 - 2 Phi(z_{1-a/2} / sqrt(t)): two-sided "
+            "for the difference (alpha / 2 a side), one-sided at alpha for each of the two equivalence tests (TOST); "
+            "t = information fraction (runs per arm / max_repeats); z bounds turned into t at the same level")
+
+
+def normalize(args: list[str]) -> list[str]:
+    """The command line with ``repeat=auto`` as ``compare.sequential=true`` (and ``-m``: it is a sweep)."""
+    if not any(a.lstrip("+") == AUTO for a in args):
+        return list(args)
+    out = [f"{FLAG}=true" if a.lstrip("+") == AUTO else a for a in args]
+    return out if any(a in ("-m", "--multirun") for a in out) else ["-m", *out]
+
+
+def requested(config: DictConfig) -> bool:
+    """Whether the sweep is repeat=auto's."""
+    return bool(OmegaConf.select(config, FLAG, default=False))
+
+
+def _arm_label(arm: list[str], common: set[str]) -> str:
+    return " ".join(o for o in arm if o not in common) or "(defaults)"
+
+
+def design_of(config: DictConfig, warn=log.warning) -> tuple[stats.Design, dict[str, Any]]:
+    """The design from the sweep's config (compare.*), and how its margin and noise were chosen."""
+    def sel(key: str, default: Any = None) -> Any:
+        return OmegaConf.select(config, key, default=default)
+
+    floor, source = None, None
+    path = sel("compare.noise_file")
+    if path:
+        p = noises.resolve_path(str(path))
+        try:
+            floor = noises.floor_of(noises.load(p), p)
+        except noises.BadNoise as e:
+            warn(f"compare.noise_file: {e}; the arms' own runs alone give the variance")
+    window = sel("contract.window") or [1, 1]
+    steps = max(int(window[-1]) - int(window[0]) + 1, 1)
+    margin = sel("compare.equivalence")
+    if margin is not None:
+        source = "compare.equivalence"
+    elif sel("compare.target_mde") is not None:
+        margin, source = sel("compare.target_mde"), "compare.target_mde"
+    elif floor is not None:
+        run_sd = math.sqrt(floor.value**2 + (floor.step_noise or 0.0) ** 2 / steps)
+        margin, source = 2 * run_sd, "twice one run's measured noise (compare.noise_file)"
+    else:  # a declared noise is a guess, not a measurement: no margin to claim equivalence within
+        margin, source = None, ("none: no equivalence test (set compare.equivalence, compare.target_mde or "
+                                "compare.noise_file)")
+    design = stats.Design(max_repeats=int(sel("compare.max_repeats", 8)), alpha=float(sel("compare.alpha", 0.05)),
+                          margin=float(margin) if margin is not None and 0 < float(margin) < 1 else None,
+                          noise=floor.value if floor else None, noise_df=floor.df if floor else None,
+                          step_noise=floor.step_noise if floor else None)
+    info = {"margin_source": source, "noise_floor": floor.as_dict() if floor else None,
+            "target_mde": sel("compare.target_mde"), "window_steps": steps, "spending": SPENDING}
+    if floor is not None and design.margin:  # the power to find an effect as large as the margin, z-approximation
+        from scipy import stats as st
+
+        run_sd = math.sqrt(floor.value**2 + (floor.step_noise or 0.0) ** 2 / steps)
+        bound = stats.spending_bounds([k / design.max_repeats for k in range(1, design.max_repeats + 1)],
+                                      design.alpha, 2)[-1]
+        shift = design.margin / run_sd * math.sqrt(design.max_repeats / 2)
+        info["power_at_margin"] = float(st.norm.sf(bound - shift))
+    return design, info
+
+
+def _refuse(sweeper: Any, overrides: list[str], message: str) -> Any:
+    print(f"moe_hydra: {message}", file=sys.stderr, flush=True)
+    ret = state.job_return(overrides, "INVALID", message)
+    sweeper.hydra_context.callbacks.on_job_end(config=sweeper.config, job_return=ret)
+    return ret
+
+
+def _run_stat(ret: Any) -> tuple[stats.RunStat | None, str | None, float | None]:
+    """(the run as the test reads it, its directory, its window's mean) of a settled point; None when incomplete."""
+    point_dir = state.output_dir(ret)
+    res = state.complete_results(point_dir) if point_dir else None
+    if not res:
+        return None, str(point_dir) if point_dir else None, None
+    first, last = res["window"]
+    window = res["step_times_ms"][first - 1:last]
+    if not window:
+        return None, str(point_dir), None
+    run = stats.RunStat.of(window)
+    return run, str(point_dir), run.mean
+
+
+def drive(sweeper: Any, overrides: list) -> list[list[Any]]:
+    """Run repeat=auto's rounds through ``sweeper`` (the points sweeper: its ``config``, ``hydra_context`` and
+    ``_launch(batch, first_job_number)``) over the sweep ``overrides`` (Hydra's parsed ones); every round's
+    JobReturns, one batch per round. Writes ``sequential.json`` into the sweep directory after every round."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    config = sweeper.config
+    sweep_dir = Path(str(config.hydra.sweep.dir))
+    arms = [list(p) for batch in BasicSweeper.split_arguments(overrides, None) for p in batch]
+    if any(o.split("=", 1)[0].lstrip("+~") == "repeat" for arm in arms for o in arm):
+        return [[_refuse(sweeper, ["repeat=auto"], "repeat=auto sets the repeat index itself; drop the other "
+                                                   "repeat=... override. Nothing was launched.")]]
+    if len(arms) < 2:
+        return [[_refuse(sweeper, ["repeat=auto"], "repeat=auto compares arms: sweep the variable under test "
+                         "(e.g. dispatcher=alltoall,allgather repeat=auto -m). Nothing was launched.")]]
+    stage = OmegaConf.select(config, "stage", default="run")
+    if getattr(stage, "value", stage) != "run":
+        return [[_refuse(sweeper, ["repeat=auto"], "repeat=auto measures: it needs stage=run. Nothing was launched.")]]
+    design, info = design_of(config)
+    common = set.intersection(*(set(a) for a in arms))
+    labels = [_arm_label(a, common) for a in arms]
+    runs: list[list[stats.RunStat | None]] = [[] for _ in arms]
+    decided: dict[int, list[stats.Look]] = {}
+    looks_of: dict[int, list[stats.Look]] = {}
+    record: dict[str, Any] = {"sequential_version": SEQUENTIAL_VERSION, "status": "running",
+                              "design": {**design.as_dict(), **info}, "arms": labels, "baseline": labels[0],
+                              "rounds": [], "pairs": [], "runs_used": {}}
+    returns: list[list[Any]] = []
+    num = 0
+    log.info("repeat=auto: %d arms (baseline %s), at most %d runs each; %s; run-to-run noise %s", len(arms),
+             labels[0], design.max_repeats, f"equivalence within ±{design.margin:.2%} ({info['margin_source']})"
+             if design.margin else info["margin_source"].replace("none: ", ""),
+             f"{design.noise:.2%} measured, pooled with the arms' runs" if design.noise is not None
+             else "from the arms' runs")
+    for r in range(design.max_repeats):
+        active = [0] + [i for i in range(1, len(arms)) if i not in decided]
+        order = active if r % 2 == 0 else active[::-1]
+        batch = [[*arms[i], f"repeat={r}"] for i in order]
+        rets = list(sweeper._launch(batch, num))
+        num += len(batch)
+        returns.append(rets)
+        states = [state.state_of(ret) for ret in rets]
+        points = []
+        for i in range(len(arms)):
+            runs[i].append(None)
+        for i, ret, st_ in zip(order, rets, states):
+            run, point_dir, mean = _run_stat(ret)
+            runs[i][r] = run
+            points.append({"num": num - len(batch) + order.index(i), "arm": labels[i], "dir": point_dir,
+                           "state": st_, "mean_ms": mean})
+        entry: dict[str, Any] = {"round": r + 1, "points": points, "looks": {}}
+        record["rounds"].append(entry)
+        if any(s == state.SUBMITTED for s in states):
+            record["status"] = "queued"
+            log.info("repeat=auto: round %d queued; once it has run (python -m moe_hydra.sweep wait %s), the same "
+                     "command looks and queues the next round", r + 1, sweep_dir)
+            break
+        if "INVALID" in states:
+            record["status"] = "refused"
+            log.error("repeat=auto: a point of round %d was refused; stopped", r + 1)
+            break
+        if all(runs[i][r] is None for i in order):
+            record["status"] = "failed"
+            log.error("repeat=auto: no run of round %d completed; stopped", r + 1)
+            break
+        for j in range(1, len(arms)):
+            if j in decided:
+                continue
+            looks = stats.sequential_looks(runs[0], runs[j], design)
+            looks_of[j] = looks
+            if looks and looks[-1].look == r + 1:
+                entry["looks"][labels[j]] = looks[-1].as_dict()
+                lk = looks[-1]
+                log.info("repeat=auto round %d: %s vs %s: %+.2f%% [%+.2f%%, %+.2f%%] (t %.2f, bound %.2f%s) -> %s",
+                         r + 1, labels[j], labels[0], 100 * lk.rel_step_time, 100 * lk.ci_low, 100 * lk.ci_high,
+                         lk.t, lk.bound, f", equivalence bound {lk.eq_bound:.2f}" if lk.eq_bound else "", lk.verdict)
+            if stats.decided(looks, design) and looks[-1].verdict != stats.UNDECIDED:
+                decided[j] = looks
+        if len(decided) == len(arms) - 1:
+            record["status"] = "decided"
+            break
+        record["pairs"] = _pairs(labels, looks_of, runs)
+        _write(sweep_dir, record, runs, labels)
+    else:
+        record["status"] = "undecided at the cap (compare.max_repeats)"
+    record["pairs"] = _pairs(labels, looks_of, runs)
+    _write(sweep_dir, record, runs, labels)
+    _report(record, sweep_dir)
+    return returns
+
+
+def _pairs(labels: list[str], looks_of: dict[int, list[stats.Look]], runs: list[list]) -> list[dict[str, Any]]:
+    out = []
+    for j in range(1, len(labels)):
+        looks = looks_of.get(j) or []
+        last = looks[-1] if looks else None
+        out.append({"baseline": labels[0], "candidate": labels[j],
+                    "verdict": last.verdict if last else stats.UNDECIDED,
+                    "rel_step_time": last.rel_step_time if last else None,
+                    "ci": [last.ci_low, last.ci_high] if last else None,
+                    "looks": len(looks), "decided_at_round": last.look if last and last.verdict != stats.UNDECIDED
+                    else None,
+                    "runs": {labels[0]: sum(x is not None for x in runs[0]),
+                             labels[j]: sum(x is not None for x in runs[j])}})
+    return out
+
+
+def _write(sweep_dir: Path, record: dict[str, Any], runs: list[list], labels: list[str]) -> None:
+    record["runs_used"] = {labels[i]: sum(x is not None for x in runs[i]) for i in range(len(labels))}
+    if len(record["pairs"]) == 1:
+        record["verdict"] = record["pairs"][0]["verdict"]
+    io.write_json(_finite(record), sweep_dir / SEQUENTIAL_FILE)
+
+
+def _finite(x: Any) -> Any:
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
+def _report(record: dict[str, Any], sweep_dir: Path) -> None:
+    lines = [f"repeat=auto: {record['status']}; runs used "
+             + ", ".join(f"{k}: {v}" for k, v in record["runs_used"].items())]
+    for p in record["pairs"]:
+        ci = p["ci"]
+        lines.append(f"  {p['candidate']} vs {p['baseline']}: {p['verdict']}"
+                     + (f", step time {p['rel_step_time']:+.2%} [{ci[0]:+.2%}, {ci[1]:+.2%}] (repeated 95% CI)"
+                        if ci and all(x is not None and math.isfinite(x) for x in ci) else ""))
+    lines.append(f"  {sweep_dir / SEQUENTIAL_FILE}")
+    io.console().print("\n".join(lines), markup=False, highlight=False)

@@ -1,0 +1,215 @@
+"""repeat=auto: the group-sequential test (alpha spending, false verdicts and power by simulation), the driver that
+launches its rounds (sequential.json), and one real sequential A/B on the CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from moe_hydra.core import stats
+from moe_hydra.launch import sequential, state
+from tests.test_compare import fake_run
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# --------------------------------------------------------------------------- the boundaries
+
+
+def test_spending_bounds_are_the_published_obrien_fleming_type_ones():
+    """Lan-DeMets O'Brien-Fleming-type, 5 equally spaced looks, two-sided 5 % (gsDesign sfLDOF / ldbounds)."""
+    published = [4.8769, 3.3570, 2.6803, 2.2898, 2.0310]
+    fractions = [0.2, 0.4, 0.6, 0.8, 1.0]
+    assert stats.spending_bounds(fractions) == pytest.approx(published, abs=2e-3)
+    assert stats.spending_bounds(fractions, alpha=0.025, sides=1) == pytest.approx(published, abs=2e-3)
+    assert stats.spending_bounds([1.0]) == pytest.approx([1.95996], abs=1e-4)  # one look: the fixed test
+    # a look's bound does not depend on the looks after it; unequal spacing is allowed
+    assert stats.spending_bounds([0.3, 0.5, 1.0])[:2] == pytest.approx(stats.spending_bounds([0.3, 0.5]))
+    assert stats.spent(1.0) == 0.05 and stats.spent(0.5) < 0.01
+
+
+# --------------------------------------------------------------------------- simulation
+
+SIGMA_B, SIGMA_W, STEPS = 0.02, 0.05, 20  # run-to-run 2 %, step-to-step 5 %, 20 steady steps a run
+MARGIN = 2 * SIGMA_B
+
+
+@pytest.mark.parametrize("prior_runs", [0, 8], ids=["own runs", "measured noise pooled"])
+def test_a_a_sequences_with_a_look_every_round_keep_false_verdicts_at_5_percent(prior_runs):
+    """2,000 simulated A/A campaigns, up to 8 rounds, a look after each: faster or slower at most 5 % of them."""
+    design = stats.Design(max_repeats=8, margin=MARGIN)
+    sim = stats.simulate(0.0, design, SIGMA_B, SIGMA_W, STEPS, sims=2000, seed=11, prior_runs=prior_runs)
+    false = sim["verdicts"][stats.FASTER] + sim["verdicts"][stats.SLOWER]
+    assert false <= 0.05, sim
+    assert sim["verdicts"][stats.EQUIVALENT] >= 0.8, sim  # and most of them end "equivalent within 2 sigma_b"
+
+
+def test_an_effect_of_twice_the_run_noise_is_found_within_max_repeats():
+    design = stats.Design(max_repeats=8, margin=MARGIN)
+    sim = stats.simulate(2 * SIGMA_B, design, SIGMA_B, SIGMA_W, STEPS, sims=1000, seed=12, prior_runs=8)
+    assert sim["verdicts"][stats.SLOWER] >= 0.80, sim
+    assert sim["verdicts"][stats.FASTER] == 0
+    faster = stats.simulate(-2 * SIGMA_B, design, SIGMA_B, SIGMA_W, STEPS, sims=500, seed=13)
+    assert faster["verdicts"][stats.FASTER] >= 0.80, faster
+
+
+def test_equivalence_is_rarely_claimed_for_an_effect_at_the_margin():
+    """The other error: an effect as large as the margin called equivalent (TOST with spending: at most 5 %)."""
+    design = stats.Design(max_repeats=8, margin=MARGIN)
+    sim = stats.simulate(MARGIN, design, SIGMA_B, SIGMA_W, STEPS, sims=1000, seed=14)
+    assert sim["verdicts"][stats.EQUIVALENT] <= 0.06, sim  # 5 % and the simulation's own error
+
+
+def test_the_first_look_waits_for_a_variance():
+    runs = [stats.RunStat(100.0, 0.1, 20), stats.RunStat(101.0, 0.1, 20)]
+    assert stats.sequential_looks(runs[:1], runs[1:], stats.Design()) == []  # one run each, no noise: no look
+    looks = stats.sequential_looks(runs[:1], runs[1:], stats.Design(noise=0.02, noise_df=7))
+    assert len(looks) == 1 and looks[0].verdict == stats.UNDECIDED and looks[0].df == 7
+    a = [stats.RunStat(100.0 + i % 2, 0.1, 20) for i in range(8)]
+    b = [stats.RunStat(150.0 + i % 2, 0.1, 20) for i in range(8)]
+    looks = stats.sequential_looks(a, b, stats.Design())
+    assert looks[-1].verdict == stats.SLOWER and looks[-1].look < 8  # stops at the first look that decides
+    assert looks[-1].ci_low > 0.4 and looks[-1].bound > 1.96  # a repeated CI, wider than a fixed one
+
+
+# --------------------------------------------------------------------------- the driver
+
+
+def test_normalize_turns_repeat_auto_into_the_flag_and_a_sweep():
+    assert sequential.normalize(["dispatcher=a,b", "repeat=auto"]) == \
+        ["-m", "dispatcher=a,b", "compare.sequential=true"]
+    assert sequential.normalize(["-m", "x=1,2", "+repeat=auto"]) == ["-m", "x=1,2", "compare.sequential=true"]
+    assert sequential.normalize(["repeat=0,1"]) == ["repeat=0,1"]
+
+
+class FakeSweeper:
+    """What drive() reads of the points sweeper: config, hydra_context, _launch(batch, first). Each launched point
+    'runs' at once: a results.json of steps drawn for its arm (``means``: arm value -> mean step ms)."""
+
+    def __init__(self, tmp: Path, means: dict[str, float], sd_run: float, seed: int = 0, detach: bool = False,
+                 **compare):
+        self.sweep_dir = tmp / "sweep"
+        self.config = OmegaConf.create({"stage": "run", "hydra": {"sweep": {"dir": str(self.sweep_dir)}},
+                                        "contract": {"window": [4, 23]}, "hardware": {"run_to_run_noise": 0.2},
+                                        "compare": {"max_repeats": 8, "alpha": 0.05, "sequential": True, **compare}})
+        self.ended: list = []
+        self.hydra_context = SimpleNamespace(callbacks=SimpleNamespace(on_job_end=lambda **kw: self.ended.append(kw)))
+        self.means, self.sd_run, self.detach = means, sd_run, detach
+        self.rng = np.random.default_rng(seed)
+        self.batches: list[tuple[int, list[list[str]]]] = []
+
+    def _launch(self, batch, first):
+        self.batches.append((first, [list(p) for p in batch]))
+        rets = []
+        for i, point in enumerate(batch):
+            num = first + i
+            d = self.sweep_dir / str(num)
+            if self.detach:
+                rets.append(state.job_return(point, state.SUBMITTED, None, str(d)))
+                continue
+            arm = next(o for o in point if o.startswith("dispatcher="))
+            mean = self.means[arm] * (1 + self.rng.normal(0, self.sd_run))
+            fake_run(self.sweep_dir, str(num), list(mean * (1 + self.rng.normal(0, 0.03, 23))))
+            rets.append(state.job_return(point, "COMPLETED", None, str(d)))
+        return rets
+
+
+def _overrides(*args: str):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create().parse_overrides(list(args))
+
+
+def test_drive_runs_rounds_until_a_verdict_and_writes_sequential_json(tmp_path):
+    s = FakeSweeper(tmp_path, {"dispatcher=alltoall": 100.0, "dispatcher=allgather": 120.0}, sd_run=0.02)
+    returns = sequential.drive(s, _overrides("dispatcher=alltoall,allgather", "logger=none"))
+    rec = json.loads((s.sweep_dir / sequential.SEQUENTIAL_FILE).read_text())
+    assert rec["status"] == "decided" and rec["verdict"] == stats.SLOWER, rec
+    rounds = len(rec["rounds"])
+    assert 2 <= rounds < 8 and len(returns) == rounds
+    assert rec["runs_used"] == {"dispatcher=alltoall": rounds, "dispatcher=allgather": rounds}
+    # job numbers continue round after round; the arms' order alternates; every point carries its repeat index
+    assert [first for first, _ in s.batches] == [2 * r for r in range(rounds)]
+    assert s.batches[0][1][0][0] == "dispatcher=alltoall" and s.batches[1][1][0][0] == "dispatcher=allgather"
+    assert all(p[-1] == f"repeat={r}" for r, (_, batch) in enumerate(s.batches) for p in batch)
+    assert rec["design"]["margin"] is None and "no equivalence test" in rec["design"]["margin_source"]
+    last = rec["rounds"][-1]["looks"]["dispatcher=allgather"]
+    assert last["verdict"] == stats.SLOWER and last["ci_low"] > 0 and last["bound"] > 0
+
+
+def test_drive_with_a_measured_noise_looks_after_round_one_and_declares_equivalence(tmp_path):
+    noise = tmp_path / "noise.json"
+    noise.write_text(json.dumps({"source": "measured", "run_to_run_noise": 0.01, "df": 9, "runs": 10,
+                                 "step_noise": 0.03, "interval": [0.006, 0.02]}))
+    s = FakeSweeper(tmp_path, {"dispatcher=alltoall": 100.0, "dispatcher=allgather": 100.0}, sd_run=0.01, seed=0,
+                    noise_file=str(noise))
+    sequential.drive(s, _overrides("dispatcher=alltoall,allgather"))
+    rec = json.loads((s.sweep_dir / sequential.SEQUENTIAL_FILE).read_text())
+    assert rec["design"]["noise"] == 0.01 and rec["design"]["noise_floor"]["source"] == "measured"
+    assert rec["design"]["margin"] == pytest.approx(2 * (0.01**2 + 0.03**2 / 20) ** 0.5)
+    assert "dispatcher=allgather" in rec["rounds"][0]["looks"]  # a look after the first round already
+    assert rec["verdict"] in (stats.EQUIVALENT, stats.UNDECIDED) and rec["verdict"] == stats.EQUIVALENT, rec
+
+
+def test_drive_stops_at_the_cap_undecided(tmp_path):
+    s = FakeSweeper(tmp_path, {"dispatcher=alltoall": 100.0, "dispatcher=allgather": 101.0}, sd_run=0.05,
+                    max_repeats=3)
+    returns = sequential.drive(s, _overrides("dispatcher=alltoall,allgather"))
+    rec = json.loads((s.sweep_dir / sequential.SEQUENTIAL_FILE).read_text())
+    assert len(returns) == 3 and rec["status"].startswith("undecided at the cap") and rec["verdict"] == "undecided"
+
+
+def test_drive_detached_queues_one_round_and_returns(tmp_path):
+    s = FakeSweeper(tmp_path, {"dispatcher=alltoall": 100.0, "dispatcher=allgather": 120.0}, sd_run=0.02,
+                    detach=True)
+    returns = sequential.drive(s, _overrides("dispatcher=alltoall,allgather"))
+    rec = json.loads((s.sweep_dir / sequential.SEQUENTIAL_FILE).read_text())
+    assert len(returns) == 1 and rec["status"] == "queued" and len(s.batches) == 1
+
+
+@pytest.mark.parametrize("args, said", [(("dispatcher=alltoall",), "sweep the variable under test"),
+                                        (("dispatcher=alltoall,allgather", "repeat=0,1"), "sets the repeat index")])
+def test_drive_refuses_what_it_cannot_run(tmp_path, capsys, args, said):
+    s = FakeSweeper(tmp_path, {}, sd_run=0.0)
+    [[ret]] = sequential.drive(s, _overrides(*args))
+    assert state.state_of(ret) == "INVALID" and said in capsys.readouterr().err
+    assert not s.batches and len(s.ended) == 1  # the refusal reaches Hydra's callbacks (the exit code)
+
+
+# --------------------------------------------------------------------------- a real sequential A/B
+
+def run_auto(tmp_path: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    """``python -m moe_hydra ARGS``, outputs under ``tmp_path``."""
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "moe_hydra", f"hydra.sweep.dir={tmp_path}/multi", *args], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@pytest.mark.slow
+def test_real_runs_repeat_auto_detects_more_work_per_step(tmp_path):
+    """tiny_moe with 2 vs 16 sequences a micro-batch (8 times the tokens a step, about twice the step time on a CPU):
+    repeat=auto stops at slower within compare.max_repeats runs per arm, each round's runs in the sweep directory.
+    The noise file is what a site file would point at (10 % run-to-run, generous for a shared CPU), so the test
+    looks from the first round and decides in two or three."""
+    (tmp_path / "noise.json").write_text(json.dumps({"source": "measured", "run_to_run_noise": 0.10, "df": 10,
+                                                     "runs": 11, "step_noise": 0.10}))
+    r = run_auto(tmp_path, "logger=none", "contract.warmup_steps=1", "contract.window=[2,6]",
+                 "train.micro_batch_size=2,16", "repeat=auto", "compare.max_repeats=4",
+                 f"compare.noise_file={tmp_path / 'noise.json'}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    rec = json.loads((tmp_path / "multi" / sequential.SEQUENTIAL_FILE).read_text())
+    assert rec["verdict"] == stats.SLOWER, json.dumps(rec["rounds"])
+    assert rec["design"]["noise_floor"]["source"] == "measured"
+    used = rec["runs_used"]
+    assert set(used.values()) <= {1, 2, 3, 4} and len(set(used.values())) == 1, used
+    assert sorted(int(p.name) for p in (tmp_path / "multi").iterdir() if p.name.isdigit()) == \
+        list(range(2 * len(rec["rounds"])))
+    assert "repeat=auto: decided" in r.stdout

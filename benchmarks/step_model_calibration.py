@@ -29,7 +29,7 @@ import argparse
 import math
 import statistics
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 

@@ -17,6 +17,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from moe_hydra.core import io
+
 Comparison = Any  # moe_hydra.analysis.compare.Comparison (not imported: compare imports this module)
 COMPARE_VERSION = 1
 
@@ -99,17 +101,6 @@ def table(comps: list[Comparison]):
     return t
 
 
-def _finite(x: Any) -> Any:
-    """JSON has no NaN or infinity: null instead (nested)."""
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
-    return x
-
-
 def pairs(comps: list[Comparison]) -> list[dict[str, Any]]:
     """compare.json's pairs: one per candidate arm against its baseline."""
     out = []
@@ -132,7 +123,7 @@ def pairs(comps: list[Comparison]) -> list[dict[str, Any]]:
 
 
 def record(comps: list[Comparison], warnings: list[str], sequential: list[dict[str, Any]] = ()) -> dict[str, Any]:
-    return _finite({"compare_version": COMPARE_VERSION, "pairs": pairs(comps),
+    return io.finite({"compare_version": COMPARE_VERSION, "pairs": pairs(comps),
                     "notes": [n for c in comps for n in c.notes], "skipped": list(warnings),
                     "sequential": list(sequential) or None})
 
@@ -154,7 +145,6 @@ def write(comps: list[Comparison], warnings: list[str], out_dir: Path,
     Raises:
         OSError: ``out_dir`` cannot be created or written.
     """
-    from moe_hydra.core.io import write_json
 
     out_dir.mkdir(parents=True, exist_ok=True)
     md, js, png = out_dir / "compare.md", out_dir / "compare.json", out_dir / "compare.png"
@@ -162,7 +152,7 @@ def write(comps: list[Comparison], warnings: list[str], out_dir: Path,
     if sequential:
         text += "\n## repeat=auto\n\n" + "".join(f"- {sequential_line(s)}\n" for s in sequential)
     md.write_text(text, encoding="utf-8", errors="replace")
-    write_json(record(comps, warnings, sequential), js)
+    io.write_json(record(comps, warnings, sequential), js)
     plot(comps, png)
     return [md, js, png]
 

@@ -4,10 +4,22 @@ and one rich console. Standard library (rich is imported when a console is asked
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 from pathlib import Path
 from typing import Any
+
+
+def finite(x: Any) -> Any:
+    """``x`` with every NaN and infinity (nested in dicts, lists, tuples) as None: JSON has neither."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite(v) for v in x]
+    return x
 
 
 def write_json(data: dict[str, Any], path: Path, indent: int | None = 2) -> None:

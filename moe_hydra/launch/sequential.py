@@ -45,6 +45,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from moe_hydra.analysis import noise as noises
+from moe_hydra.analysis.compare import SEQUENTIAL_FILE
 from moe_hydra.core import io, stats
 from moe_hydra.launch import state
 
@@ -52,7 +53,6 @@ log = logging.getLogger("moe_hydra")
 
 AUTO = "repeat=auto"
 FLAG = "compare.sequential"
-SEQUENTIAL_FILE = "sequential.json"
 SEQUENTIAL_VERSION = 1
 SPENDING = ("Lan-DeMets O'Brien-Fleming-type alpha spending, alpha(t) = 2 - 2 Phi(z_{1-a/2} / sqrt(t)): two-sided "
             "for the difference (alpha / 2 a side), one-sided at alpha for each of the two equivalence tests (TOST); "
@@ -251,17 +251,7 @@ def _write(sweep_dir: Path, record: dict[str, Any], runs: list[list], labels: li
     record["runs_used"] = {labels[i]: sum(x is not None for x in runs[i]) for i in range(len(labels))}
     if len(record["pairs"]) == 1:
         record["verdict"] = record["pairs"][0]["verdict"]
-    io.write_json(_finite(record), sweep_dir / SEQUENTIAL_FILE)
-
-
-def _finite(x: Any) -> Any:
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
-    return x
+    io.write_json(io.finite(record), sweep_dir / SEQUENTIAL_FILE)
 
 
 def _report(record: dict[str, Any], sweep_dir: Path) -> None:

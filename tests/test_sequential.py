@@ -176,9 +176,13 @@ def test_drive_detached_queues_one_round_and_returns(tmp_path):
 
 
 @pytest.mark.parametrize("args, said", [(("dispatcher=alltoall",), "sweep the variable under test"),
-                                        (("dispatcher=alltoall,allgather", "repeat=0,1"), "sets the repeat index")])
+                                        (("dispatcher=alltoall,allgather", "repeat=0,1"), "sets the repeat index"),
+                                        (("dispatcher=alltoall,allgather", "compare.max_repeats=0"),
+                                         "compare.max_repeats must be within [1, 1000]")])
 def test_drive_refuses_what_it_cannot_run(tmp_path, capsys, args, said):
     s = FakeSweeper(tmp_path, {}, sd_run=0.0)
+    if "compare.max_repeats=0" in args:  # composed into the sweep's config, as Hydra does
+        s.config.compare.max_repeats = 0
     [[ret]] = sequential.drive(s, _overrides(*args))
     assert state.state_of(ret) == "INVALID" and said in capsys.readouterr().err
     assert not s.batches and len(s.ended) == 1  # the refusal reaches Hydra's callbacks (the exit code)

@@ -46,7 +46,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from moe_hydra.analysis import noise as noises
 from moe_hydra.analysis.compare import SEQUENTIAL_FILE
-from moe_hydra.core import io, stats
+from moe_hydra.core import bounds, io, stats
 from moe_hydra.launch import state
 
 log = logging.getLogger("moe_hydra")
@@ -158,6 +158,12 @@ def drive(sweeper: Any, overrides: list) -> list[list[Any]]:
     stage = OmegaConf.select(config, "stage", default="run")
     if getattr(stage, "value", stage) != "run":
         return [[_refuse(sweeper, ["repeat=auto"], "repeat=auto measures: it needs stage=run. Nothing was launched.")]]
+    # S02 for the keys the rounds are planned from, before any point (each point would refuse them too)
+    wrong = [f"[S02] {key} must be within [{lo:g}, {hi:g}] (is {v}); fix: {key}={hi if v > hi else lo:g}"
+             for key, (lo, hi) in bounds.DOMAINS.items() if key.startswith("compare.")
+             and (v := OmegaConf.select(config, key, default=None)) is not None and not lo <= v <= hi]
+    if wrong:
+        return [[_refuse(sweeper, ["repeat=auto"], "\n  ".join(wrong) + "\nNothing was launched.")]]
     design, info = design_of(config)
     common = set.intersection(*(set(a) for a in arms))
     labels = [_arm_label(a, common) for a in arms]

@@ -1,6 +1,7 @@
 """Campaigns on a real Slurm (launchers/local-slurm/start: two nodes, partitions debug and multi): a detached sweep
 is followed, waited for and cancelled from new processes; a point requeues at its time limit and after
-``scontrol requeue``; a node goes down under a point; arrays keep to their parallelism; points span two nodes.
+``scontrol requeue``; a node goes down under a point; arrays keep to their parallelism; points span two nodes;
+repeat=auto runs its rounds as detached campaigns.
 
 The sweeps are queued together when the module starts and checked one after the other, so their waits overlap
 (the module takes a few minutes on two cores). Slurm holds a requeued job for about two minutes before it may run
@@ -321,3 +322,27 @@ def test_status_of_a_campaign_is_fast(campaign):
     t0 = time.monotonic()
     r = sweep("status", campaign["dirs"]["main"])
     assert r.returncode == 0 and time.monotonic() - t0 < 3
+
+
+def test_repeat_auto_runs_one_round_per_detached_invocation_until_decided(tmp_path):
+    """repeat=auto on Slurm, detached: each invocation queues one round and returns; the same command again, after
+    ``sweep wait``, keeps the rounds that ran, looks, and queues the next, until the verdict (2 vs 16 sequences a
+    micro-batch: about twice the step time). The noise file is a generous 10 %, so the first look is after round 1."""
+    noise = tmp_path / "noise.json"
+    noise.write_text(json.dumps({"source": "measured", "run_to_run_noise": 0.10, "df": 10, "runs": 11,
+                                 "step_noise": 0.10}))
+    sweep_dir = tmp_path / "auto"
+    args = [*SHORT, "train.micro_batch_size=2,16", "repeat=auto", "compare.max_repeats=3", f"compare.noise_file={noise}"]
+    for invocation in range(1, 5):
+        detach(sweep_dir, *args)
+        rec = json.loads((sweep_dir / "sequential.json").read_text())
+        if rec["status"] != "queued":
+            break
+        assert len(rec["rounds"]) == invocation and rec["rounds"][-1]["points"][0]["state"] == "SUBMITTED", rec
+        assert sweep("wait", sweep_dir, timeout=300).returncode == 0
+    assert rec["status"] == "decided" and rec["verdict"] == "slower", rec
+    rounds = len(rec["rounds"])
+    assert 2 <= rounds <= 3 and invocation == rounds + 1, (invocation, rec)  # the last one only looked
+    assert set(rec["runs_used"].values()) == {rounds}  # every round's runs kept, none run twice
+    entries = json.loads((sweep_dir / "sweep.json").read_text())["points"]
+    assert sorted(e["num"] for e in entries) == list(range(2 * rounds))

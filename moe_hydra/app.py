@@ -190,8 +190,8 @@ def run_point(cfg: DictConfig) -> str:
 
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     obj = _typed(cfg)
-    if detach_problem(cfg):
-        _refuse(detach_problem(cfg))
+    if problem := detach_problem(cfg):
+        _refuse(problem)
     swept, sweep_name = _sweep_context()
     snapshot = env.snapshot()
     rank = slurm.slurm_rank()

@@ -21,6 +21,7 @@ Pure module: imports only the standard library and omegaconf.
 
 from __future__ import annotations
 
+import functools
 import importlib.resources
 import os
 from dataclasses import dataclass, field
@@ -555,11 +556,20 @@ def unwrapped(t: Any) -> Any:
     return args[0] if typing.get_origin(t) is typing.Union and len(args) == 1 else t
 
 
+@functools.lru_cache(maxsize=1)
+def _structured() -> Any:
+    """The schema as a structured config, made once per process: most of :func:`typed`'s cost (``OmegaConf.merge``
+    leaves it as it was)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.structured(Config)
+
+
 def typed(cfg: Any) -> Config:
     """A composed config (a DictConfig, its ``hydra`` node left out) as these dataclasses."""
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config),
+    return OmegaConf.to_object(OmegaConf.merge(_structured(),
                                                OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])))
 
 

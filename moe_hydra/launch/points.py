@@ -19,7 +19,6 @@ import copy
 import fcntl
 import itertools
 import logging
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Optional
@@ -176,15 +175,6 @@ def _identity(config: DictConfig) -> dict:
             "params": sweeper.get("params") or {}}
 
 
-def _refuse(hydra_context, config: DictConfig, overrides: list[str], message: str) -> Any:
-    """Refuse a point (or, named by ``overrides``, the whole sweep) before anything of it starts: the message,
-    then its JobReturn (state INVALID) handed to Hydra's callbacks, as a launched point's would be."""
-    print(f"moe_hydra: {message}", file=sys.stderr, flush=True)
-    ret = state.job_return(overrides, "INVALID", message)
-    hydra_context.callbacks.on_job_end(config=config, job_return=ret)
-    return ret
-
-
 class PointsSweeperImpl(Sweeper):
     def __init__(self, max_batch_size: int | None = None, params: dict | None = None):
         super().__init__()
@@ -208,11 +198,11 @@ class PointsSweeperImpl(Sweeper):
         overrides = parser.parse_overrides([*(f"{k}={v}" for k, v in self.params.items()), *arguments])
         detached = detach_problem(self.config)
         if detached:
-            return [[_refuse(self.hydra_context, self.config, ["launcher.detach=true"], detached)]]
+            return [[state.refuse(self.hydra_context, self.config, ["launcher.detach=true"], detached)]]
         try:
             lock = claim(self.config)
         except state.Refused as e:
-            return [[_refuse(self.hydra_context, self.config, [f"hydra.sweep.dir={self.config.hydra.sweep.dir}"],
+            return [[state.refuse(self.hydra_context, self.config, [f"hydra.sweep.dir={self.config.hydra.sweep.dir}"],
                             str(e))]]
         with lock:
             OmegaConf.save(self.config, Path(str(self.config.hydra.sweep.dir)) / "multirun.yaml")
@@ -259,4 +249,4 @@ class PointsSweeperImpl(Sweeper):
             config.hydra.job.num = num
         reason = problem.replace("\n", "\n  ")
         message = f"#{num} {' '.join(point)}: Hydra cannot compose this point; it was not launched.\n  {reason}"
-        return _refuse(self.hydra_context, config, list(point), message)
+        return state.refuse(self.hydra_context, config, list(point), message)

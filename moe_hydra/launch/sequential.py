@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +45,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from moe_hydra.analysis import noise as noises
 from moe_hydra.analysis.compare import SEQUENTIAL_FILE
-from moe_hydra.core import bounds, io, stats
+from moe_hydra.core import bounds, io, results, stats
 from moe_hydra.launch import state
 
 log = logging.getLogger("moe_hydra")
@@ -91,13 +90,14 @@ def design_of(config: DictConfig, warn=log.warning) -> tuple[stats.Design, dict[
             warn(f"compare.noise_file: {e}; the arms' own runs alone give the variance")
     window = sel("contract.window") or [1, 1]
     steps = max(int(window[-1]) - int(window[0]) + 1, 1)
+    # one run's mean, relative: the measured run-to-run noise and its steps' over the window's n
+    run_sd = math.sqrt(floor.value**2 + (floor.step_noise or 0.0) ** 2 / steps) if floor is not None else None
     margin = sel("compare.equivalence")
     if margin is not None:
         source = "compare.equivalence"
     elif sel("compare.target_mde") is not None:
         margin, source = sel("compare.target_mde"), "compare.target_mde"
     elif floor is not None:
-        run_sd = math.sqrt(floor.value**2 + (floor.step_noise or 0.0) ** 2 / steps)
         margin, source = 2 * run_sd, "twice one run's measured noise (compare.noise_file)"
     else:  # a declared noise is a guess, not a measurement: no margin to claim equivalence within
         margin, source = None, ("none: no equivalence test (set compare.equivalence, compare.target_mde or "
@@ -111,19 +111,11 @@ def design_of(config: DictConfig, warn=log.warning) -> tuple[stats.Design, dict[
     if floor is not None and design.margin:  # the power to find an effect as large as the margin, z-approximation
         from scipy import stats as st
 
-        run_sd = math.sqrt(floor.value**2 + (floor.step_noise or 0.0) ** 2 / steps)
         bound = stats.spending_bounds([k / design.max_repeats for k in range(1, design.max_repeats + 1)],
                                       design.alpha, 2)[-1]
         shift = design.margin / run_sd * math.sqrt(design.max_repeats / 2)
         info["power_at_margin"] = float(st.norm.sf(bound - shift))
     return design, info
-
-
-def _refuse(sweeper: Any, overrides: list[str], message: str) -> Any:
-    print(f"moe_hydra: {message}", file=sys.stderr, flush=True)
-    ret = state.job_return(overrides, "INVALID", message)
-    sweeper.hydra_context.callbacks.on_job_end(config=sweeper.config, job_return=ret)
-    return ret
 
 
 def _run_stat(ret: Any) -> tuple[stats.RunStat | None, str | None, float | None]:
@@ -132,11 +124,10 @@ def _run_stat(ret: Any) -> tuple[stats.RunStat | None, str | None, float | None]
     res = state.complete_results(point_dir) if point_dir else None
     if not res:
         return None, str(point_dir) if point_dir else None, None
-    first, last = res["window"]
-    window = res["step_times_ms"][first - 1:last]
-    if not window:
+    measured = results.measured_window(res)
+    if measured is None:
         return None, str(point_dir), None
-    run = stats.RunStat.of(window)
+    run = stats.RunStat.of(res["step_times_ms"][measured[0] - 1:measured[1]])
     return run, str(point_dir), run.mean
 
 
@@ -149,21 +140,25 @@ def drive(sweeper: Any, overrides: list) -> list[list[Any]]:
     config = sweeper.config
     sweep_dir = Path(str(config.hydra.sweep.dir))
     arms = [list(p) for batch in BasicSweeper.split_arguments(overrides, None) for p in batch]
+
+    def refused(message: str) -> list[list[Any]]:
+        return [[state.refuse(sweeper.hydra_context, config, ["repeat=auto"], message)]]
+
     if any(o.split("=", 1)[0].lstrip("+~") == "repeat" for arm in arms for o in arm):
-        return [[_refuse(sweeper, ["repeat=auto"], "repeat=auto sets the repeat index itself; drop the other "
-                                                   "repeat=... override. Nothing was launched.")]]
+        return refused("repeat=auto sets the repeat index itself; drop the other repeat=... override. "
+                       "Nothing was launched.")
     if len(arms) < 2:
-        return [[_refuse(sweeper, ["repeat=auto"], "repeat=auto compares arms: sweep the variable under test "
-                         "(e.g. dispatcher=alltoall,allgather repeat=auto -m). Nothing was launched.")]]
+        return refused("repeat=auto compares arms: sweep the variable under test (e.g. "
+                       "dispatcher=alltoall,allgather repeat=auto -m). Nothing was launched.")
     stage = OmegaConf.select(config, "stage", default="run")
     if getattr(stage, "value", stage) != "run":
-        return [[_refuse(sweeper, ["repeat=auto"], "repeat=auto measures: it needs stage=run. Nothing was launched.")]]
+        return refused("repeat=auto measures: it needs stage=run. Nothing was launched.")
     # S02 for the keys the rounds are planned from, before any point (each point would refuse them too)
     wrong = [f"[S02] {key} must be within [{lo:g}, {hi:g}] (is {v}); fix: {key}={hi if v > hi else lo:g}"
              for key, (lo, hi) in bounds.DOMAINS.items() if key.startswith("compare.")
              and (v := OmegaConf.select(config, key, default=None)) is not None and not lo <= v <= hi]
     if wrong:
-        return [[_refuse(sweeper, ["repeat=auto"], "\n  ".join(wrong) + "\nNothing was launched.")]]
+        return refused("\n  ".join(wrong) + "\nNothing was launched.")
     design, info = design_of(config)
     common = set.intersection(*(set(a) for a in arms))
     labels = [_arm_label(a, common) for a in arms]

@@ -48,7 +48,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from moe_hydra.core import env
 from moe_hydra.core.resolved import resolve
-from moe_hydra.core.schema import Stage
+from moe_hydra.core.schema import Stage, typed
 from moe_hydra.core.violations import LayoutError, V, Violation
 from moe_hydra.launch import local
 from moe_hydra.launch import state as sweep
@@ -211,20 +211,6 @@ class PresetEnvironment(Callback):
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if self._previous:
             env.restore(self._previous.pop())
-
-
-_SCHEMA = None
-
-
-def _typed(cfg: DictConfig):
-    """:func:`moe_hydra.core.schema.typed`, with the schema's structured config made once per process (it is most
-    of that function's cost; ``OmegaConf.merge`` leaves it as it was)."""
-    global _SCHEMA
-    from moe_hydra.core.schema import Config
-
-    if _SCHEMA is None:
-        _SCHEMA = OmegaConf.structured(Config)
-    return OmegaConf.to_object(OmegaConf.merge(_SCHEMA, OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])))
 
 
 def _validation_key(cfg: DictConfig) -> str | None:
@@ -392,7 +378,7 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
             points.append(p)
             key = _validation_key(cfg)
             if key is None or key not in validated:
-                job_cfg = _typed(cfg)
+                job_cfg = typed(cfg)
                 try:  # the node is not this machine: its own check runs in the job (moe_hydra.app)
                     r = resolve(job_cfg)
                     violations = plan.run_violations(r) if job_cfg.stage is Stage.run else rules.check(r)

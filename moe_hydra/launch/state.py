@@ -91,6 +91,15 @@ def job_return(overrides: list[str], state: str, error: str | None = None, point
     return JobReturn(overrides=overrides, status=JobStatus.FAILED, _return_value=value, working_dir=point_dir)
 
 
+def refuse(hydra_context: Any, config: Any, overrides: list[str], message: str) -> Any:
+    """Refuse a point (or, named by ``overrides``, the whole sweep) before anything of it starts: the message,
+    then its JobReturn (state INVALID) handed to Hydra's callbacks, as a launched point's would be."""
+    print(f"moe_hydra: {message}", file=sys.stderr, flush=True)
+    ret = job_return(overrides, "INVALID", message)
+    hydra_context.callbacks.on_job_end(config=config, job_return=ret)
+    return ret
+
+
 def output_dir(ret) -> Path | None:
     """Where a point's files are: Hydra's runtime output directory of a job it ran, else the directory a
     launcher recorded for a point it settled."""

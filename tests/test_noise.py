@@ -170,6 +170,8 @@ def test_compare_with_the_measured_noise_of_an_a_a_sweep(tmp_path, capsys):
         assert p["noise_floor"]["value"] == json.loads((d / "noise.json").read_text())["run_to_run_noise"]
         assert p["unit"] == "runs" and p["arms"][0] == "repeat=0" and len(p["ci"]) == 2 and p["mde"] > 0
     assert "measured" in out and "measured" in (tmp_path / "cmp" / "compare.md").read_text()
+    # the table and compare.md still say what "undecided" was called before equivalence existed
+    assert "no significant difference" in out and "no significant" in (tmp_path / "cmp" / "compare.md").read_text()
 
 
 def test_the_measured_noise_is_a_variance_not_a_floor(tmp_path):

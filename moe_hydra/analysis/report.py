@@ -17,7 +17,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from moe_hydra.core import io
+from moe_hydra.core import io, stats
 
 Comparison = Any  # moe_hydra.analysis.compare.Comparison (not imported: compare imports this module)
 COMPARE_VERSION = 1
@@ -28,8 +28,11 @@ def pct(x: float) -> str:
 
 
 def verdict_text(e: Any) -> str:
-    """The verdict as shown: "equivalent within +-4.00%" names its margin."""
-    return f"{e.verdict} within ±{e.margin:.2%}" if e.verdict == "equivalent" and e.margin is not None else e.verdict
+    """The verdict as shown: "equivalent within +-4.00%" names its margin; "undecided" says what it was called
+    before equivalence existed (no significant difference), which readers of the table grep for."""
+    if e.verdict == stats.EQUIVALENT and e.margin is not None:
+        return f"{e.verdict} within ±{e.margin:.2%}"
+    return f"{e.verdict} (no significant difference)" if e.verdict == stats.UNDECIDED else e.verdict
 
 
 def _noise(c: Comparison, name: str, interval: bool = True) -> str:
@@ -89,8 +92,9 @@ def table(comps: list[Comparison]):
 
     t = Table(title="A/B verdicts (steady-window step time; 95% CI, Welch)", title_justify="left")
     for col in ("variable", "baseline", "candidate", "unit", "step time", "95% CI", "tokens/s/GPU", "MDE",
-                "run-to-run noise", "verdict"):
+                "run-to-run noise"):
         t.add_column(col)
+    t.add_column("verdict", no_wrap=True)  # whole, whatever the terminal's width: what a reader looks for first
     for c in comps:
         for name, e in c.effects.items():
             color = {"faster": "green", "slower": "red", "equivalent": "cyan"}.get(e.verdict, "yellow")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import os
 import random
 import shlex
 
@@ -180,6 +181,25 @@ def test_forked_search_equals_the_serial_one():
     assert sum(r.rank is not None for r in serial) > 100
 
 
+_EVALUATE_SHARE = search._evaluate_share
+
+
+def _share_that_kills_its_worker(k):
+    if k == 0:
+        os._exit(1)  # a worker gone (the OOM killer, say): multiprocessing.Pool would wait for its task forever
+    return _EVALUATE_SHARE(k)
+
+
+def test_a_forked_search_whose_worker_dies_finishes_in_this_process(monkeypatch):
+    cfg = compose_config("stage=plan", "model=qwen3_30b_a3b", H100, "hardware.nodes=4")
+    serial = search.Search(cfg).run(workers=1)
+    monkeypatch.setattr(search, "_evaluate_share", _share_that_kills_its_worker)
+    monkeypatch.setattr(search, "STALL_S", 2)
+    with pytest.warns(RuntimeWarning, match="made no progress for 2 s"):
+        rescued = search.Search(cfg).run(workers=2)
+    assert [(r.rank, r.memory_gib, r.terms) for r in rescued] == [(r.rank, r.memory_gib, r.terms) for r in serial]
+
+
 def test_ranking_puts_cp_and_etp_last_for_short_sequences():
     cfg = compose_config("stage=plan", "model=qwen3_30b_a3b", H100, "hardware.nodes=2")
     ranked = sorted((r for r in search.Search(cfg).run() if r.rank), key=lambda r: r.rank)
@@ -280,6 +300,7 @@ def test_layout_sweeper_writes_layouts_and_a_ready_to_run_sweep(cli, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_screening_measures_the_top_layouts_on_this_machine(cli, tmp_path):
     r = cli("hardware.devices_per_node=2", "hydra/sweeper=layout", "hydra.sweeper.top_k=3", "logger=none",
             "hydra.sweeper.profile_top=1", "-m", timeout=900)

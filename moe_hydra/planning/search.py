@@ -38,12 +38,14 @@ Pure: standard library only.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
 import math
 import multiprocessing
 import os
 import sys
 import threading
+import warnings
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Iterator
@@ -546,7 +548,9 @@ class Search:
     def _run_forked(self, candidates: list[Candidate], workers: int) -> list[Result]:
         """Evaluate in forked processes. The work is cut into tasks of whole (PP, TP, CP) groups (so a
         process's caches stay warm), largest first, handed out as processes free up; the results come
-        back as plain tuples."""
+        back as plain tuples. A pool whose workers stop returning results (one killed, say, which a
+        ``multiprocessing.Pool`` would wait for forever) is given up after :data:`STALL_S` without a result, and
+        the search runs in this process instead."""
         groups: dict[tuple, list[int]] = {}
         for i, c in enumerate(candidates):
             groups.setdefault((c.pp, c.tp, c.cp), []).append(i)
@@ -559,11 +563,18 @@ class Search:
                 tasks.append(list(g))
         global _FORKED
         _FORKED = (self, candidates, tasks)
+        gc.freeze()  # a fork never collects what it inherits: a finalizer of the parent's run in a worker can hang it
         try:
-            with multiprocessing.get_context("fork").Pool(workers) as pool:
-                packed = list(pool.imap_unordered(_evaluate_share, range(len(tasks))))
+            with multiprocessing.get_context("fork").Pool(workers) as pool:  # leaving it terminates the workers
+                shares = pool.imap_unordered(_evaluate_share, range(len(tasks)))
+                packed = [shares.next(timeout=STALL_S) for _ in tasks]
+        except multiprocessing.TimeoutError:
+            warnings.warn(f"the forked layout search made no progress for {STALL_S} s (a worker died or hung): "
+                          "evaluating in this process instead", RuntimeWarning, stacklevel=2)
+            return [self.evaluate(c) for c in candidates]
         finally:
             _FORKED = None
+            gc.unfreeze()
         results: list[Result | None] = [None] * len(candidates)
         for k, rows, violations in packed:
             for i, row in zip(tasks[k], rows):
@@ -612,6 +623,7 @@ class Search:
 
 
 PARALLEL_FROM = 4000  # candidates from which a search forks (below, starting processes costs more than it saves)
+STALL_S = 120  # seconds without a finished task after which a forked search is given up (a task is ~1/16 of a worker's share)
 _FORKED: tuple | None = None  # (search, candidates, tasks) for the forked workers
 
 

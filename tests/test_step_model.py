@@ -112,3 +112,28 @@ def test_the_sliding_window_discounts_the_attention_time_not_the_counter():
                                               "parallel.expert_model_parallel_size=64")), [], ENV)
     assert p["flops_per_token_swa"] < p["flops_per_token"] and "sliding-window" in p["flops_counter_swa"]
     assert p["flops_per_token"] == pytest.approx(flops.flops_per_token(r.arch, 4096).total)
+
+
+def test_the_kernels_between_the_gemms_weigh_on_a_narrow_top8_moe_layer_not_on_a_wide_dense_one():
+    """Their bytes grow with the hidden size, GEMM FLOPs with its square: on an H100 they are a fifth of
+    Qwen3-30B-A3B's per-token time at the fitted rates and a few percent of GPT-3 175B's."""
+    def share(model):
+        m = StepModel(resolve(compose_config("stage=plan", f"model={model}", H100)))
+        between = sum(m.elementwise_s)
+        return between / (between + (m.dense_flops + m.expert_flops) * m.gemm_s + m.attention_s)
+
+    assert share("qwen3_30b_a3b") > 0.15 > share("deepseek_v3") > share("gpt3_175b") and share("gpt3_175b") < 0.05
+    dense_bytes, moe_bytes = step_model.elementwise_bytes(resolve(compose_config("stage=plan", "model=gpt3_175b")).arch)
+    assert moe_bytes == 0 and dense_bytes > 0
+
+
+def test_a_moe_layers_small_kernels_cost_their_time_per_layer_and_micro_batch():
+    qwen = ("model=qwen3_30b_a3b", H100, "recompute=none")
+    r = resolve(compose_config("stage=plan", *qwen))
+    k = r.cfg.step_model
+    with_, without = _terms(*qwen)["compute"], _terms(*qwen, "step_model.gpu_ms_per_moe_layer=0")["compute"]
+    moe_layers_per_stage = r.arch.n_moe / r.layout.pp
+    assert with_ - without == pytest.approx(
+        k.gpu_ms_per_moe_layer * 1e-3 * moe_layers_per_stage * r.batch.micro_batches_per_step)
+    assert _terms("model=gpt3_175b", H100)["compute"] == pytest.approx(
+        _terms("model=gpt3_175b", H100, "step_model.gpu_ms_per_moe_layer=0")["compute"])  # no MoE layer

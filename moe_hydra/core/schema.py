@@ -474,24 +474,27 @@ class StepModelConfig:
     sources left out of the fit; refit them to your cluster's screening runs."""
 
     # Fitted: dense GEMMs (attention projections, dense/shared MLPs, logits) in bf16, fraction of the peak;
-    gemm_efficiency: float = 0.424
+    gemm_efficiency: float = 0.575
     # core (flash) attention, forward + backward, fraction of the bf16 peak;
-    attention_efficiency: float = 0.69
+    attention_efficiency: float = 0.594
     # collectives and the all-to-all over the scale-out NIC, fraction of its bandwidth;
-    scaleout_efficiency: float = 0.651
+    scaleout_efficiency: float = 0.643
     # rows per expert GEMM at which grouped expert GEMMs run at half the dense GEMM rate;
-    expert_rows_half: float = 718.0
+    expert_rows_half: float = 1137.0
     # collectives and the all-to-all inside the NVLink domain, fraction of half the bidirectional bandwidth;
-    nvlink_efficiency: float = 0.346
+    nvlink_efficiency: float = 0.57
     # host time per MoE layer per micro-batch, forward + backward (launches, the dispatcher's syncs);
-    host_ms_per_moe_layer: float = 11.7
+    host_ms_per_moe_layer: float = 11.6
     # the fraction of the all-to-all that EP overlap hides under another micro-batch's compute;
-    ep_overlap_efficiency: float = 0.575
+    ep_overlap_efficiency: float = 0.819
     # GEMMs in FP8 / MXFP8 / NVFP4: fraction of that precision's peak (quantisation kernels included);
-    low_precision_gemm_efficiency: float = 0.337
+    low_precision_gemm_efficiency: float = 0.411
     # host time CUDA graphs of a partial scope leave (kernels.cuda_graph_scope; a whole-iteration graph
-    # leaves none), fraction of the above.
-    cuda_graph_host_fraction: float = 0.681
+    # leaves none), fraction of the above;
+    cuda_graph_host_fraction: float = 0.702
+    # GPU time per MoE layer per micro-batch, forward + backward, in its small kernels (router, top-k,
+    # permutation indices and counts) that run at no GEMM or bandwidth rate.
+    gpu_ms_per_moe_layer: float = 1.96
     # Priors (the dataset does not decide them): a dense layer launches about a quarter of a MoE layer's
     # kernels and has no dispatcher sync;
     host_ms_per_dense_layer: float = 2.5
@@ -500,6 +503,9 @@ class StepModelConfig:
     # sequential experts (no grouped GEMM): host time per local expert per MoE layer per micro-batch,
     # forward + backward (one H200 without TE: ~0.4 s per micro-batch for 128 experts x 4 layers).
     host_ms_per_local_expert: float = 0.78
+    # the kernels between the GEMMs (norms, residual adds, RoPE, activations, MoE permutation): fraction of
+    # the HBM bandwidth such streaming kernels sustain (about STREAM's on these GPUs).
+    hbm_efficiency: float = 0.8
 
 
 @dataclass(kw_only=True, slots=True)

@@ -12,6 +12,10 @@ the hardware's peaks times the sustained fractions of ``step_model.*`` (fitted, 
               experts at the GEMM rate x r / (r + expert_rows_half), r = rows each expert GEMM gets per
               micro-batch (EP x ETP x rows x top-k / experts): small grouped GEMMs run below the dense rate. Or,
               whichever is slower, the weights streamed from HBM for every micro-batch (12 B per parameter).
+              Plus the kernels between the GEMMs, memory-bound: the activation bytes they move per token
+              (:func:`elementwise_bytes`) at hbm_efficiency x the HBM bandwidth; and gpu_ms_per_moe_layer per
+              MoE layer and micro-batch for its small kernels (router, top-k, permutation indices), which run at
+              no GEMM or bandwidth rate.
     ep        4 x (MoE layers/rank) x M x rows x h x 2 B per token copy (dispatch + combine, forward +
               backward; x 1.5 when recompute re-runs the MoE layer): top-k x (EP-1)/EP copies, those to peers
               inside the NVLink domain over NVLink, those to other nodes over the scale-out NIC; with a flex
@@ -74,10 +78,10 @@ CALIBRATION = ("sustained fractions fitted (benchmarks/step_model_calibration.py
 # ratio of two rows of one model, cluster and source (what choosing between layouts needs).
 # benchmarks/step_model_calibration.py prints them; tests/test_calibration.py recomputes them.
 HELD_OUT = {"scheme": "leave one source out", "sources": 8, "rows": 191,
-            "median": 0.161, "p90": 0.407, "worst": 0.831,
-            "moe": {"rows": 82, "median": 0.197, "p90": 0.407, "worst": 0.831},
-            "dense": {"rows": 109, "median": 0.144, "p90": 0.428, "worst": 0.756},
-            "ranking_median": 0.103, "ranking_p90": 0.389}
+            "median": 0.227, "p90": 0.389, "worst": 0.786,
+            "moe": {"rows": 82, "median": 0.155, "p90": 0.387, "worst": 0.786},
+            "dense": {"rows": 109, "median": 0.252, "p90": 0.400, "worst": 0.641},
+            "ranking_median": 0.080, "ranking_p90": 0.312}
 
 
 def interval(seconds: float) -> list[float]:
@@ -142,6 +146,9 @@ class StepModel:
         attention = k.attention_efficiency if r.impl.attention == "flash" else k.unfused_attention_efficiency
         self.attention_s = fl.attention_core / (attention * bf16)
         self.expert_flops = fl.routed_experts
+        dense_bytes, moe_bytes = elementwise_bytes(arch)  # per token, the non-GEMM kernels' HBM traffic
+        hbm = (hw.hbm_bandwidth_tb_s or NOMINAL_GB_S / 1000) * 1e12 * k.hbm_efficiency
+        self.elementwise_s = (dense_bytes / hbm, moe_bytes / hbm)
         self.layers = arch.num_layers + arch.mtp
         self.moe_layers = arch.n_moe + (arch.mtp if arch.mtp_is_moe else 0)
         # host time per micro-batch and MoE / dense layer (seconds): CUDA graphs replay what they capture (a
@@ -253,13 +260,15 @@ class StepModel:
         seq_rows = self.seq * mbs / lo.cp
         rows = seq_rows / lo.tp if lo.sp else seq_rows
         tokens = self.gbs * self.seq / world
-        compute = max(tokens * (self.dense_flops * dense_f * self.gemm_s + self.attention_s * attention_f),
-                      12 * dense_params * m / self.hbm)
+        layers, moe_layers = self.layers / lo.pp, self.moe_layers / lo.pp
+        ew_dense, ew_moe = self.elementwise_s
+        compute = max(tokens * (self.dense_flops * dense_f * self.gemm_s + self.attention_s * attention_f
+                                + ew_dense * dense_f + ew_moe * expert_f), 12 * dense_params * m / self.hbm)
         if self.expert_flops:
             per_expert = lo.ep * lo.etp * rows * a.topk / a.experts
             rate = per_expert / (per_expert + k.expert_rows_half) / self.gemm_s
             compute += max(tokens * self.expert_flops * expert_f / rate, 12 * expert_params * m / self.hbm)
-        layers, moe_layers = self.layers / lo.pp, self.moe_layers / lo.pp
+            compute += k.gpu_ms_per_moe_layer * 1e-3 * moe_layers * m * expert_f  # the MoE layer's small kernels
         ep_nvlink, ep_remote = 0.0, (0.0, 0.0)
         if lo.ep > 1:
             per_copy = 4 * moe_layers * m * rows * a.h * 2 * a2a_f  # one token copy: dispatch + combine, fwd + bwd
@@ -294,6 +303,30 @@ class StepModel:
         per_node = max(1, min(group, self.domain // stride))
         nodes = group // per_node
         return (per_node - 1) / per_node / self.nvlink + (nodes - 1) / nodes / per_node / self.scaleout
+
+
+def elementwise_bytes(a) -> tuple[float, float]:
+    """Bytes per token that the kernels between the GEMMs move through HBM in a step (forward and backward, three
+    times the forward's reads and writes of bf16 activations), over every layer: (attention blocks and dense MLPs,
+    MoE layers). Per layer: each norm reads and writes h, each residual add reads 2h and writes h, RoPE reads and
+    writes the query and key heads it rotates, a (gated) activation reads 2 (3) x its width and writes one; a MoE
+    layer's router writes fp32 scores per expert, its permutation copies each token to top-k rows and the
+    combine reads them back, weighted, into one; its experts' activation runs on top-k x the expert width. What
+    makes a small-hidden, top-8 MoE layer memory-bound where a wide dense layer is not (GEMM FLOPs grow with h^2,
+    these with h)."""
+    h, act = a.h, (3 if a.glu else 2)
+    if a.mla:
+        rope = 2 * (a.heads + 1) * a.qk_pos_emb_head_dim
+    else:
+        rope = 2 * (a.heads + a.groups) * a.head_dim
+    attention = 2 * h + 3 * h + rope
+    dense_mlp = 2 * h + 3 * h + act * a.ffn
+    moe = (2 * h + 3 * h + 4 * a.experts + 2 * (1 + a.topk) * h + act * a.topk * a.moe_ffn
+           + act * a.shared_ffn)
+    n_moe = a.n_moe + (a.mtp if a.mtp_is_moe else 0)
+    n_dense = a.num_layers + a.mtp - n_moe
+    per_token = 2 * 3  # bf16 bytes, forward + backward
+    return (per_token * (attention * (a.num_layers + a.mtp) + dense_mlp * n_dense), per_token * moe * n_moe)
 
 
 def recompute_key(recompute: Any) -> tuple:

@@ -8,11 +8,11 @@ ladder to the least that fits): the published one, or GBS x seq / (tokens/s/GPU 
 TFLOP/s/GPU is published by a source that uses Megatron-Core's counter, FLOPs/token x GBS x seq / (TFLOP/s x GPUs).
 
 **Held out.** The free fractions of ``step_model`` (:data:`FREE`) are fitted (scipy least squares on log step time,
-within physical bounds, the better of two starts) on every source but one and judged on the rows of the one left out, for each source in turn
-(leave one source out: a source is one release's table, so the other releases of the same recipes stay in the fit),
-then once more leaving one model out. Printed: each row's held-out prediction and error, median / 90th
-percentile / worst |ln(predicted / measured)|, the ranking error between rows of one model, cluster and source, and
-the memory rows (estimate without the declared allowance vs the allocator's peak).
+within physical bounds, the better of two starts) on every source but one and judged on the rows of the one left
+out, for each source in turn (leave one source out: a source is one release's table, so the other releases of the
+same recipes stay in the fit), then once more leaving one model out. Printed: each row's held-out prediction and
+error, median / 90th percentile / worst |ln(predicted / measured)|, the ranking error between rows of one model,
+cluster and source, and the memory rows (estimate without the declared allowance vs the allocator's peak).
 
     python benchmarks/step_model_calibration.py                    # the report (held-out errors)
     python benchmarks/step_model_calibration.py --fit              # also the fit on every row: StepModelConfig's defaults

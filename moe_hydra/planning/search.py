@@ -623,7 +623,7 @@ class Search:
 
 
 PARALLEL_FROM = 4000  # candidates from which a search forks (below, starting processes costs more than it saves)
-STALL_S = 120  # seconds without a finished task after which a forked search is given up (a task is ~1/16 of a worker's share)
+STALL_S = 120  # seconds without a finished task before a forked search is given up (a task: ~1/16 of a worker's share)
 _FORKED: tuple | None = None  # (search, candidates, tasks) for the forked workers
 
 

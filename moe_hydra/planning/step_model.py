@@ -62,6 +62,7 @@ import math
 from typing import Any
 
 from moe_hydra.core import flops, metrics
+from moe_hydra.core.arch import Arch
 from moe_hydra.core.layout import Layout
 from moe_hydra.core.resolved import Resolved
 
@@ -305,7 +306,7 @@ class StepModel:
         return (per_node - 1) / per_node / self.nvlink + (nodes - 1) / nodes / per_node / self.scaleout
 
 
-def elementwise_bytes(a) -> tuple[float, float]:
+def elementwise_bytes(a: Arch) -> tuple[float, float]:
     """Bytes per token that the kernels between the GEMMs move through HBM in a step (forward and backward, three
     times the forward's reads and writes of bf16 activations), over every layer: (attention blocks and dense MLPs,
     MoE layers). Per layer: each norm reads and writes h, each residual add reads 2h and writes h, RoPE reads and

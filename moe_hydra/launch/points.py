@@ -203,7 +203,7 @@ class PointsSweeperImpl(Sweeper):
             lock = claim(self.config)
         except state.Refused as e:
             return [[state.refuse(self.hydra_context, self.config, [f"hydra.sweep.dir={self.config.hydra.sweep.dir}"],
-                            str(e))]]
+                                  str(e))]]
         with lock:
             OmegaConf.save(self.config, Path(str(self.config.hydra.sweep.dir)) / "multirun.yaml")
             if sequential.requested(self.config):  # repeat=auto: rounds of the arms until decided

@@ -148,8 +148,8 @@ class StepModel:
         self.attention_s = fl.attention_core / (attention * bf16)
         self.expert_flops = fl.routed_experts
         dense_bytes, moe_bytes = elementwise_bytes(arch)  # per token, the non-GEMM kernels' HBM traffic
-        hbm = (hw.hbm_bandwidth_tb_s or NOMINAL_GB_S / 1000) * 1e12 * k.hbm_efficiency
-        self.elementwise_s = (dense_bytes / hbm, moe_bytes / hbm)
+        streamed = self.hbm * k.hbm_efficiency
+        self.elementwise_s = (dense_bytes / streamed, moe_bytes / streamed)
         self.layers = arch.num_layers + arch.mtp
         self.moe_layers = arch.n_moe + (arch.mtp if arch.mtp_is_moe else 0)
         # host time per micro-batch and MoE / dense layer (seconds): CUDA graphs replay what they capture (a

@@ -117,8 +117,8 @@ def test_the_held_out_step_time_error_is_what_the_plan_states_and_stays_bounded(
         assert part["rows"] == stated[kind]["rows"]
         for name in ("median", "p90", "worst"):
             assert part[name] == pytest.approx(stated[kind][name], abs=0.01), (kind, name)
-    assert s["median"] <= 0.25 and s["p90"] <= 0.45 and s["worst"] <= 0.85
-    assert stated["moe"]["median"] <= 0.2 and stated["moe"]["p90"] <= 0.42 and stated["dense"]["median"] <= 0.3
+    assert s["median"] <= 0.15 and s["p90"] <= 0.4 and s["worst"] <= 0.95
+    assert stated["moe"]["median"] <= 0.17 and stated["moe"]["p90"] <= 0.42 and stated["dense"]["median"] <= 0.12
     # the defaults are the fit on every row: refitting moves no prediction by more than 1 %
     refit = calibration.fit(timed, k)
     assert max(abs(r.error(refit) - r.error(k)) for r in timed) < 0.01

@@ -266,7 +266,9 @@ def test_small_expert_gemms_and_the_host_cost_time():
     ("qwen3_235b_a22b", 32, "qwen3_235b_a22b_h100_256", ()),
     ("qwen3_30b_a3b", 2, "qwen3_30b_a3b_h100_16", ()),
 ])
-def test_published_layouts_are_legal_fit_and_rank_in_the_top_10(model, nodes, mesh, recipe):
+def test_published_layouts_are_legal_fit_and_rank_within_5_percent_of_the_best(model, nodes, mesh, recipe):
+    """Each recipe's layout is predicted within 5 % of the search's best (far inside the held-out ranking error, so
+    in the tied set screening measures); which of the near-equal layouts ranks first is the model's noise."""
     base = ("stage=plan", f"model={model}", H100, f"hardware.nodes={nodes}", *recipe)
     ref = compose_config(*base, f"mesh={mesh}")
     p = ref.parallel
@@ -278,7 +280,9 @@ def test_published_layouts_are_legal_fit_and_rank_in_the_top_10(model, nodes, me
     match = [r for r in results
              if (r.candidate.tp, r.candidate.cp, r.candidate.pp, r.candidate.vpp, r.candidate.ep, r.candidate.etp) == key]
     assert match and match[0].legal and match[0].fits and match[0].rank, match
-    assert match[0].rank <= 10, (match[0].rank, match[0].comm, match[0].terms)
+    ranked = sorted((r for r in results if r.rank), key=lambda r: r.rank)
+    assert match[0].terms["step"] <= 1.05 * ranked[0].terms["step"], (match[0].rank, match[0].comm, match[0].terms)
+    assert match[0].rank <= len(search.tied_set(ranked))
 
 
 @pytest.mark.slow

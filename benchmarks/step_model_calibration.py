@@ -153,7 +153,10 @@ def overrides_of(row: dict[str, Any]) -> list[str]:
         split = search.pipeline_split(arch, pp, vpp) or "even"
     c = search.Candidate(tp, row["context_parallel_size"], pp, vpp, row["expert_model_parallel_size"],
                          row.get("expert_tensor_parallel_size") or 1, row.get("micro_batch_size") or 1, split)
-    return out + c.overrides()
+    out += c.overrides()  # sequence parallelism with TP, as the search plans it, unless the row says otherwise
+    if row.get("sequence_parallel") is False and tp > 1:
+        out.append("parallel.sequence_parallel=false")
+    return out
 
 
 def _recompute(rc: Any) -> list[str]:
@@ -174,7 +177,8 @@ def write_overrides(path: Path = DATA) -> None:
     data = yaml.safe_load(text)
     for row in data["runs"]:
         row["overrides"] = overrides_of(row)
-    path.write_text(header + "\n" + yaml.safe_dump(data, sort_keys=False, width=120, allow_unicode=True))
+    body = yaml.safe_dump(data, sort_keys=False, width=120, allow_unicode=True)
+    path.write_text(header.rstrip("\n") + "\n\n\n" + body)
 
 
 def _header_lines(text: str) -> int:

@@ -137,3 +137,16 @@ def test_a_moe_layers_small_kernels_cost_their_time_per_layer_and_micro_batch():
         k.gpu_ms_per_moe_layer * 1e-3 * moe_layers_per_stage * r.batch.micro_batches_per_step)
     assert _terms("model=gpt3_175b", H100)["compute"] == pytest.approx(
         _terms("model=gpt3_175b", H100, "step_model.gpu_ms_per_moe_layer=0")["compute"])  # no MoE layer
+
+
+def test_without_sequence_parallelism_every_tp_rank_runs_the_norms_and_adds_on_every_token():
+    """Megatron without sequence parallelism (vTrain's Megatron-DeepSpeed runs) repeats each block's norm and
+    residual add on all TP ranks: (TP - 1) x their share more streaming time."""
+    for tp in (2, 8):
+        gpt = ("model=gpt3_175b", H100, "hardware.nodes=4", "recompute=none",
+               f"parallel.tensor_model_parallel_size={tp}")
+        r = resolve(compose_config("stage=plan", *gpt, "parallel.sequence_parallel=false"))
+        tokens = r.batch.tokens_per_step / r.layout.world_size
+        sp, no_sp = (_terms(*gpt, f"parallel.sequence_parallel={on}")["compute"] for on in ("true", "false"))
+        assert no_sp - sp == pytest.approx(tokens * StepModel(r).replicated_s * (tp - 1))
+    assert 0 < step_model.replicated_bytes(r.arch) < sum(step_model.elementwise_bytes(r.arch))

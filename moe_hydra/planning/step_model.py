@@ -15,7 +15,8 @@ the hardware's peaks times the sustained fractions of ``step_model.*`` (fitted, 
               Plus the kernels between the GEMMs, memory-bound: the activation bytes they move per token
               (:func:`elementwise_bytes`) at hbm_efficiency x the HBM bandwidth; and gpu_ms_per_moe_layer per
               MoE layer and micro-batch for its small kernels (router, top-k, permutation indices), which run at
-              no GEMM or bandwidth rate.
+              no GEMM or bandwidth rate. Without sequence parallelism each TP rank also runs the norms and
+              residual adds on every token (:func:`replicated_bytes`).
     ep        4 x (MoE layers/rank) x M x rows x h x 2 B per token copy (dispatch + combine, forward +
               backward; x 1.5 when recompute re-runs the MoE layer): top-k x (EP-1)/EP copies, those to peers
               inside the NVLink domain over NVLink, those to other nodes over the scale-out NIC; with a flex
@@ -43,16 +44,17 @@ the hardware's peaks times the sustained fractions of ``step_model.*`` (fitted, 
 Communication runs at nvlink_efficiency x half the declared bidirectional NVLink bandwidth, or at
 scaleout_efficiency x the NIC's. A ring collective over a group that spans nodes runs in two levels: the group's
 ranks on a node over NVLink ((g-1)/g of the bytes), then the nodes over their NICs, each rank carrying 1/g of the
-bytes ((n-1)/n of that), g the group's ranks per node and n its nodes. Hardware without declared rates gets nominal ones (1 TFLOP/s, 10 GB/s,
-0.01 TB/s), so a ranking still exists.
+bytes ((n-1)/n of that), g the group's ranks per node and n its nodes. Hardware without declared rates gets
+nominal ones (1 TFLOP/s, 10 GB/s, 0.01 TB/s), so a ranking still exists.
 
 **Calibration and its error.** The fractions are fitted to the measured runs of
 benchmarks/data/measured_runs.yaml (:data:`CALIBRATION`), the hardware rates (GEMM, attention, NVLink, NIC) held
 near what kernel and NCCL benchmarks measure where the runs do not pin them; :data:`HELD_OUT` is how well they
-predict rows they were not fitted to (leave one source out), and every prediction carries that range (:func:`interval`); layouts
-whose predicted times differ by less than the held-out ranking error are ties (:func:`tie_width`). The model
-leaves out routing imbalance, network contention, kernel-level details and release-to-release software gains:
-treat it as a ranking aid for choosing what to screen, and refit ``step_model.*`` on your cluster's runs.
+predict rows they were not fitted to (leave one source out), and every prediction carries that range
+(:func:`interval`); layouts whose predicted times differ by less than the held-out ranking error are ties
+(:func:`tie_width`). The model leaves out routing imbalance, network contention, kernel-level details and
+release-to-release software gains: treat it as a ranking aid for choosing what to screen, and refit
+``step_model.*`` on your cluster's runs.
 
 Pure: standard library only.
 """
@@ -81,10 +83,10 @@ CALIBRATION = ("sustained fractions fitted (benchmarks/step_model_calibration.py
 # ratio of two rows of one model, cluster and source (what choosing between layouts needs).
 # benchmarks/step_model_calibration.py prints them; tests/test_calibration.py recomputes them.
 HELD_OUT = {"scheme": "leave one source out", "sources": 8, "rows": 191,
-            "median": 0.118, "p90": 0.357, "worst": 0.895,
-            "moe": {"rows": 82, "median": 0.142, "p90": 0.390, "worst": 0.821},
-            "dense": {"rows": 109, "median": 0.091, "p90": 0.317, "worst": 0.895},
-            "ranking_median": 0.073, "ranking_p90": 0.314}
+            "median": 0.118, "p90": 0.355, "worst": 0.818,
+            "moe": {"rows": 82, "median": 0.136, "p90": 0.401, "worst": 0.818},
+            "dense": {"rows": 109, "median": 0.108, "p90": 0.254, "worst": 0.775},
+            "ranking_median": 0.077, "ranking_p90": 0.350}
 
 
 def interval(seconds: float) -> list[float]:
@@ -152,6 +154,7 @@ class StepModel:
         dense_bytes, moe_bytes = elementwise_bytes(arch)  # per token, the non-GEMM kernels' HBM traffic
         streamed = self.hbm * k.hbm_efficiency
         self.elementwise_s = (dense_bytes / streamed, moe_bytes / streamed)
+        self.replicated_s = replicated_bytes(arch) / streamed
         self.layers = arch.num_layers + arch.mtp
         self.moe_layers = arch.n_moe + (arch.mtp if arch.mtp_is_moe else 0)
         # host time per micro-batch and MoE / dense layer (seconds): CUDA graphs replay what they capture (a
@@ -267,6 +270,8 @@ class StepModel:
         ew_dense, ew_moe = self.elementwise_s
         compute = max(tokens * (self.dense_flops * dense_f * self.gemm_s + self.attention_s * attention_f
                                 + ew_dense * dense_f + ew_moe * expert_f), 12 * dense_params * m / self.hbm)
+        if lo.tp > 1 and not lo.sp:  # without sequence parallelism every TP rank runs the norms and adds in full
+            compute += tokens * self.replicated_s * (lo.tp - 1) * dense_f
         if self.expert_flops:
             per_expert = lo.ep * lo.etp * rows * a.topk / a.experts
             rate = per_expert / (per_expert + k.expert_rows_half) / self.gemm_s
@@ -330,6 +335,15 @@ def elementwise_bytes(a: Arch) -> tuple[float, float]:
     n_dense = a.num_layers + a.mtp - n_moe
     per_token = 2 * 3  # bf16 bytes, forward + backward
     return (per_token * (attention * (a.num_layers + a.mtp) + dense_mlp * n_dense), per_token * moe * n_moe)
+
+
+def replicated_bytes(a: Arch) -> float:
+    """Bytes per token (forward and backward, every layer) of the kernels between the GEMMs that sequence parallelism
+    splits over the TP group: each block's norm (reads and writes h) and residual add (reads 2h, writes h). Without
+    it each TP rank runs them on every token, (TP - 1) x these bytes more than its share (what sequence parallelism
+    was introduced to remove: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+    Models")."""
+    return 2 * 3 * 2 * (2 + 3) * a.h * (a.num_layers + a.mtp)
 
 
 def recompute_key(recompute: Any) -> tuple:

@@ -343,7 +343,8 @@ def replicated_bytes(a: Arch) -> float:
     it each TP rank runs them on every token, (TP - 1) x these bytes more than its share (what sequence parallelism
     was introduced to remove: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
     Models")."""
-    return 2 * 3 * 2 * (2 + 3) * a.h * (a.num_layers + a.mtp)
+    per_token, blocks = 2 * 3, 2  # bf16 bytes, forward + backward; the attention and the MLP / MoE block
+    return per_token * blocks * (2 * a.h + 3 * a.h) * (a.num_layers + a.mtp)
 
 
 def recompute_key(recompute: Any) -> tuple:

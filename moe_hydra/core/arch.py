@@ -163,6 +163,21 @@ class Arch:
         return bool(self.is_moe) and self.is_moe[-1]
 
     @property
+    def blocks(self) -> int:
+        """Transformer blocks: the decoder layers and the MTP blocks."""
+        return self.num_layers + self.mtp
+
+    @property
+    def moe_blocks(self) -> int:
+        """The blocks with a MoE layer, MTP blocks included when they are MoE."""
+        return self.n_moe + (self.mtp if self.mtp_is_moe else 0)
+
+    @property
+    def dense_blocks(self) -> int:
+        """The blocks with a dense MLP, MTP blocks included when they are dense."""
+        return self.blocks - self.moe_blocks
+
+    @property
     def q_width(self) -> int:
         return self.head_dim * self.heads
 

@@ -72,12 +72,8 @@ def _attention(a: Arch) -> tuple[float, float]:
 def flops_per_token(a: Arch, seq_length: int, tp: int = 1) -> FlopsBreakdown:
     """Model FLOPs per token at ``seq_length`` (BSHD), with the vocabulary padded for ``tp``."""
     h, e = a.h, (3 if a.glu else 2)
-    n_moe, n_dense = a.n_moe, a.n_dense
-    if a.mtp_is_moe:
-        n_moe += a.mtp
-    else:
-        n_dense += a.mtp
-    layers = a.num_layers + a.mtp  # every layer, MTP included, carries standard attention
+    n_moe, n_dense = a.moe_blocks, a.dense_blocks
+    layers = a.blocks  # every layer, MTP included, carries standard attention
     lin, core = _attention(a)
     return FlopsBreakdown(
         dense_mlp=_C * h * a.ffn * e * n_dense,
@@ -100,6 +96,6 @@ def swa_discounted(a: Arch, seq_length: int, tp: int = 1) -> FlopsBreakdown:
     s, w = seq_length, a.window
     causal = (s + 1) / 2
     seen = causal if s <= w + 1 else (w * (w + 1) / 2 + (s - w) * (w + 1)) / s
-    per_layer = fl.attention_core / (a.num_layers + a.mtp)
+    per_layer = fl.attention_core / a.blocks
     core = fl.attention_core - a.windowed_layers * per_layer * (1 - seen / causal)
     return dataclasses.replace(fl, attention_core=core)

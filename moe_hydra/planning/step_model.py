@@ -155,8 +155,7 @@ class StepModel:
         streamed = self.hbm * k.hbm_efficiency
         self.elementwise_s = (dense_bytes / streamed, moe_bytes / streamed)
         self.replicated_s = replicated_bytes(arch) / streamed
-        self.layers = arch.num_layers + arch.mtp
-        self.moe_layers = arch.n_moe + (arch.mtp if arch.mtp_is_moe else 0)
+        self.layers, self.moe_layers = arch.blocks, arch.moe_blocks
         # host time per micro-batch and MoE / dense layer (seconds): CUDA graphs replay what they capture (a
         # whole-iteration graph all of it); sequential experts launch each local expert's kernels one by one
         scope = r.impl.cuda_graph_scope
@@ -313,6 +312,10 @@ class StepModel:
         return (per_node - 1) / per_node / self.nvlink + (nodes - 1) / nodes / per_node / self.scaleout
 
 
+_STREAMED = 2 * 3  # HBM bytes per bf16 activation element a kernel reads or writes, forward + backward
+_NORM_AND_ADD = 2 + 3  # elements of h a block's norm (reads and writes h) and residual add (reads 2h, writes h) move
+
+
 def elementwise_bytes(a: Arch) -> tuple[float, float]:
     """Bytes per token that the kernels between the GEMMs move through HBM in a step (forward and backward, three
     times the forward's reads and writes of bf16 activations), over every layer: (attention blocks and dense MLPs,
@@ -327,14 +330,12 @@ def elementwise_bytes(a: Arch) -> tuple[float, float]:
         rope = 2 * (a.heads + 1) * a.qk_pos_emb_head_dim
     else:
         rope = 2 * (a.heads + a.groups) * a.head_dim
-    attention = 2 * h + 3 * h + rope
-    dense_mlp = 2 * h + 3 * h + act * a.ffn
-    moe = (2 * h + 3 * h + 4 * a.experts + 2 * (1 + a.topk) * h + act * a.topk * a.moe_ffn
+    norm_and_add = _NORM_AND_ADD * h
+    attention = norm_and_add + rope
+    dense_mlp = norm_and_add + act * a.ffn
+    moe = (norm_and_add + 4 * a.experts + 2 * (1 + a.topk) * h + act * a.topk * a.moe_ffn
            + act * a.shared_ffn)
-    n_moe = a.n_moe + (a.mtp if a.mtp_is_moe else 0)
-    n_dense = a.num_layers + a.mtp - n_moe
-    per_token = 2 * 3  # bf16 bytes, forward + backward
-    return (per_token * (attention * (a.num_layers + a.mtp) + dense_mlp * n_dense), per_token * moe * n_moe)
+    return (_STREAMED * (attention * a.blocks + dense_mlp * a.dense_blocks), _STREAMED * moe * a.moe_blocks)
 
 
 def replicated_bytes(a: Arch) -> float:
@@ -343,8 +344,7 @@ def replicated_bytes(a: Arch) -> float:
     it each TP rank runs them on every token, (TP - 1) x these bytes more than its share (what sequence parallelism
     was introduced to remove: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
     Models")."""
-    per_token, blocks = 2 * 3, 2  # bf16 bytes, forward + backward; the attention and the MLP / MoE block
-    return per_token * blocks * (2 * a.h + 3 * a.h) * (a.num_layers + a.mtp)
+    return _STREAMED * 2 * _NORM_AND_ADD * a.h * a.blocks  # two blocks a layer: attention, MLP / MoE
 
 
 def recompute_key(recompute: Any) -> tuple:

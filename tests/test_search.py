@@ -9,6 +9,7 @@ import json
 import os
 import random
 import shlex
+import signal
 
 import pytest
 
@@ -198,6 +199,25 @@ def test_a_forked_search_whose_worker_dies_finishes_in_this_process(monkeypatch)
     with pytest.warns(RuntimeWarning, match="made no progress for 2 s"):
         rescued = search.Search(cfg).run(workers=2)
     assert [(r.rank, r.memory_gib, r.terms) for r in rescued] == [(r.rank, r.memory_gib, r.terms) for r in serial]
+
+
+def _share_checking_sigterm(k):
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, "a worker kept the parent's SIGTERM handler"
+    return _EVALUATE_SHARE(k)
+
+
+@pytest.mark.timeout(120)  # without the fix the pool's exit hangs: fail, don't wait for the suite's 900 s
+def test_forked_workers_die_on_sigterm_whatever_handler_the_parent_has(monkeypatch):
+    """Pool.terminate ends workers blocked on the task queue's lock with SIGTERM: a handler inherited from the
+    parent that returns would keep one alive and the pool's join waiting forever (a CI run hung so)."""
+    cfg = compose_config("stage=plan", "model=qwen3_30b_a3b", H100, "hardware.nodes=4")
+    monkeypatch.setattr(search, "_evaluate_share", _share_checking_sigterm)
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        results = search.Search(cfg).run(workers=2)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert sum(r.rank is not None for r in results) > 100
 
 
 def test_ranking_puts_cp_and_etp_last_for_short_sequences():

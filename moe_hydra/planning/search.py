@@ -43,6 +43,7 @@ import itertools
 import math
 import multiprocessing
 import os
+import signal
 import sys
 import threading
 import warnings
@@ -565,7 +566,8 @@ class Search:
         _FORKED = (self, candidates, tasks)
         gc.freeze()  # a fork never collects what it inherits: a finalizer of the parent's run in a worker can hang it
         try:
-            with multiprocessing.get_context("fork").Pool(workers) as pool:  # leaving it terminates the workers
+            # leaving the pool terminates the workers
+            with multiprocessing.get_context("fork").Pool(workers, initializer=_die_on_sigterm) as pool:
                 shares = pool.imap_unordered(_evaluate_share, range(len(tasks)))
                 packed = [shares.next(timeout=STALL_S) for _ in tasks]
         except multiprocessing.TimeoutError:
@@ -637,6 +639,13 @@ def search_workers(candidates: int) -> int:
     if candidates < PARALLEL_FROM or not sys.platform.startswith("linux") or threading.active_count() > 1:
         return 1
     return max(1, min(8, len(os.sched_getaffinity(0))))
+
+
+def _die_on_sigterm() -> None:
+    """A forked worker dies on the SIGTERM that ``Pool.terminate`` sends. Terminate takes the task queue's lock and
+    relies on the signal to end workers blocked on it; a Python handler inherited from the parent (one a test or a
+    library installed) would run and return, leaving the worker blocked and the pool's join waiting forever."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _evaluate_share(k: int) -> tuple[int, list[tuple], list[list[str]]]:

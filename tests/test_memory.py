@@ -103,6 +103,27 @@ def test_selective_recompute_drops_exactly_its_terms():
     assert est_none.moe_layer - est_sel.moe_layer == pytest.approx(sum(terms[t] for t in dropped if t in terms))
 
 
+def test_mla_attention_holds_q_k_v_once_and_its_output_once():
+    """Megatron-Core's MLA feeds the up-projections' outputs only to RoPE, whose kernels keep cos and sin, so what
+    the attention holds of them is q, k (after RoPE) and v, which ``mla_up_proj`` discards. The attention output
+    is kept once, by the attention, in bf16: the projection saves the same tensor (FP8 recipes too, except
+    delayed scaling, whose projection also keeps the quantized copy)."""
+    _, a = _assess(*DSV3)  # TP 2, no sequence parallelism: 4096 tokens on every rank
+    terms, m = memory.layer_terms(a.r, True), a.r.arch
+    tokens, heads = 4096, m.heads / 2
+    qkv = tokens * heads * (2 * (m.qk_head_dim + m.qk_pos_emb_head_dim) + m.v_head_dim) * 2
+    held = sum(v for k, v in terms.items() if k not in ("attn_norm", "qkv_linear", "mla_down", "core_attn_internal",
+                                                         "attn_proj", "mlp_norm", "mlp_input", "router", "expert_fc1",
+                                                         "expert_act_in", "moe_act", "expert_probs", "shared_experts"))
+    assert held == pytest.approx(qkv)  # nothing but q, k, v between the latents and the core attention
+    cfg, _ = _assess(*DSV3, "recompute=selective", "recompute.recompute_modules=[mla_up_proj]")
+    assert memory.Estimator(a.r).moe_layer - memory.Estimator(resolve(cfg)).moe_layer == pytest.approx(qkv)
+    output = tokens * heads * m.v_head_dim
+    for precision, per_element in (("bf16", 2), ("fp8_blockwise", 2), ("fp8_tensorwise", 2), ("fp8_delayed", 3)):
+        _, p = _assess(*DSV3, f"precision={precision}")
+        assert memory.layer_terms(p.r, True)["attn_proj"] == pytest.approx(output * per_element), precision
+
+
 def test_tensor_parallel_with_sequence_parallel_halves_every_activation():
     cfg1, tp1 = _assess("model=qwen3_30b_a3b", H100, "expert_mesh=ep8")
     cfg2, tp2 = _assess("model=qwen3_30b_a3b", H100, "expert_mesh=ep4", "attention_mesh=tp2",

@@ -31,11 +31,14 @@ named terms so recompute and offload remove exactly the terms they remove in Meg
     attn_norm      Th x h             input of the attention norm
     qkv_linear     Th x h             its output, the QKV (MLA: down-projection) input    [layernorm]
     mla_down       T x (2 q_lora + 2 kv_lora + rope) MLA latents and their norms' outputs
-    mla_up_proj    T x heads (2 qk + rope + v) / TP   MLA up-projection outputs        [mla_up_proj]
     core_attn      T x (q + 2 kv) / TP                q, k (after RoPE), v              [mla_up_proj]
+                   (MLA: nothing else of the up-projections is held; their outputs feed only the
+                   RoPE, whose kernels keep cos and sin, and ``mla_up_proj`` discards q, k, v)
     core_attn_internal  flash: T x heads / TP fp32 (softmax statistics); unfused (CPU): the
                    attention probabilities, T x heads / TP x s                        [core_attn]
-    attn_proj      T x q / TP         core-attention output, the projection input
+    attn_proj      T x q / TP         core-attention output, kept by the attention and, as the same
+                   tensor, by the projection (FP8 / FP4 recipes too: Megatron-Core sets the projection to
+                   save its original input, except for delayed scaling, which adds the quantized copy)
     mlp_norm       Th x h             input of the MLP norm
     mlp_input      Th x h             its output (MLP / router / dispatcher input)    [layernorm]
     mlp            T x (fc1 width + f) / TP           dense MLP fc1 output, activation output  [mlp]
@@ -60,8 +63,8 @@ the interleaved schedule holds min(2 (PP - r - 1) + (VPP - 1) PP + 1, M VPP) mod
 micro-batches, i.e. PP (1 + (PP - 1) / (PP VPP)) stage micro-batches on rank 0, as Megatron's schedule
 warms up. EP overlap holds one layer more: the next micro-batch's forward runs layer by layer beside the oldest
 one's backward, which frees as it goes. Activation elements are 2 bytes (4 with fp32 weights); in FP8 / FP4
-recipes the GEMM inputs kept for the backward pass (qkv_linear, attn_proj, mlp_input, expert_fc1, moe_act, the dense
-MLP's activation output) are Transformer Engine's quantized copies: 1 byte (+ 1/32 for MXFP8's scales), NVFP4 half.
+recipes the GEMM inputs kept for the backward pass (qkv_linear, mlp_input, expert_fc1, moe_act, the dense MLP's
+activation output) are Transformer Engine's quantized copies: 1 byte (+ 1/32 for MXFP8's scales), NVFP4 half.
 
 **Workspaces**: the cuBLAS workspaces the caching allocator holds (``max_memory_allocated`` counts them), by the
 implementation that runs: torch gives each (cuBLAS handle, stream) pair one, and the autograd engine runs the
@@ -93,7 +96,7 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 RECOMPUTE_DROPS = {
     "core_attn": ("core_attn_internal",),
     "layernorm": ("qkv_linear", "mlp_input"),
-    "mla_up_proj": ("mla_up_proj", "core_attn"),
+    "mla_up_proj": ("core_attn",),
     "mlp": ("mlp",),
     "moe_act": ("moe_act",),
     "moe": ("router", "expert_fc1", "expert_act_in", "moe_act", "expert_probs", "shared_experts"),
@@ -183,14 +186,14 @@ def layer_terms(r: Resolved, moe: bool) -> dict[str, float]:
         n, qk, pe, v = a.heads, a.qk_head_dim, a.qk_pos_emb_head_dim, a.v_head_dim
         ql, kvl = a.q_lora_rank or 0, a.kv_lora_rank
         t["mla_down"] = tokens * (2 * ql + 2 * kvl + pe) * e
-        t["mla_up_proj"] = tokens * n * ((qk + pe if ql else 0) + qk + v) / tp * e
         t["core_attn"] = tokens * n * (2 * (qk + pe) + v) / tp * e
         q_width, heads = n * v, n
     else:
         t["core_attn"] = tokens * (a.q_width + 2 * a.kv_width) / tp * e
         q_width, heads = a.q_width, a.heads
     t["core_attn_internal"] = tokens * heads / tp * (4 if flash else s * e)
-    t["attn_proj"] = tokens * q_width / tp * q
+    delayed = bool(cfg.precision.fp8) and cfg.precision.fp8_recipe == "delayed"  # the projection keeps a quantized copy too
+    t["attn_proj"] = tokens * q_width / tp * (e + q * delayed)
     t["mlp_norm"] = rows * h * e
     t["mlp_input"] = rows * h * q
     glu = 2 if a.glu else 1

@@ -171,6 +171,21 @@ def test_torch_adams_fp32_temporary_is_the_peak_measured_without_transformer_eng
     assert te.r.impl.optimizer == "fused" and te.peak.optimizer_step == 0 and te.peak.total < peak.total
 
 
+def test_unfused_attention_keeps_the_fp32_softmax_and_the_bf16_probabilities_and_one_score_buffer():
+    """Megatron's local DotProductAttention with bf16 scores: the softmax runs in fp32 and keeps its output for
+    its backward, the bmm with v keeps the bf16 probabilities (4 + 2 bytes an element, per layer); the raw
+    scores go to one global buffer that every layer reuses."""
+    _, local = _assess(*H200_LOCAL, "hardware.transformer_engine=false", "train.micro_batch_size=2")
+    _, te = _assess(*H200_LOCAL, "train.micro_batch_size=2")
+    assert (local.r.impl.attention, te.r.impl.attention) == ("unfused", "flash")
+    elements = 2 * 32 * 1024 * 1024  # b x heads x s x s
+    internal = memory.layer_terms(local.r, True)["core_attn_internal"]
+    assert internal == pytest.approx(elements * (4 + 2))
+    buffer = memory.score_buffer_bytes(local.r)
+    assert buffer == pytest.approx(elements * 2) and memory.score_buffer_bytes(te.r) == 0
+    assert local.peak.workspaces == pytest.approx(memory.workspace_bytes("hopper", local.r.impl) + buffer)
+
+
 def test_cublas_workspaces_follow_the_implementation():
     """torch keeps two (forward thread, autograd thread), Transformer Engine one more plus four for grouped GEMM's
     streams: 32 MiB each from Hopper on; none on the CPU."""
@@ -178,7 +193,7 @@ def test_cublas_workspaces_follow_the_implementation():
     _, local = _assess(*H200_LOCAL, "hardware.transformer_engine=false")
     _, te = _assess(*H200_LOCAL)
     _, te_grouped = _assess(*H200_LOCAL, "kernels.moe_grouped_gemm=true")
-    assert local.r.impl.te is False and local.peak.workspaces == 2 * 32 * mib
+    assert local.r.impl.te is False and local.peak.workspaces == 2 * 32 * mib + memory.score_buffer_bytes(local.r)
     assert te.r.impl.experts == "sequential" and te.peak.workspaces == 3 * 32 * mib
     assert te_grouped.r.impl.experts == "grouped" and te_grouped.peak.workspaces == 7 * 32 * mib
     _, cpu = _assess()

@@ -34,8 +34,10 @@ named terms so recompute and offload remove exactly the terms they remove in Meg
     core_attn      T x (q + 2 kv) / TP                q, k (after RoPE), v              [mla_up_proj]
                    (MLA: nothing else of the up-projections is held; their outputs feed only the
                    RoPE, whose kernels keep cos and sin, and ``mla_up_proj`` discards q, k, v)
-    core_attn_internal  flash: T x heads / TP fp32 (softmax statistics); unfused (CPU): the
-                   attention probabilities, T x heads / TP x s                        [core_attn]
+    core_attn_internal  flash: T x heads / TP fp32 (softmax statistics); unfused (the local spec): the
+                   attention probabilities, T x heads / TP x s, twice with bf16 scores: the softmax
+                   runs in fp32 (attention_softmax_in_fp32) and keeps its fp32 output, the bmm with v
+                   the bf16 copy (6 bytes an element)                                 [core_attn]
     attn_proj      T x q / TP         core-attention output, kept by the attention and, as the same
                    tensor, by the projection (FP8 / FP4 recipes too: Megatron-Core sets the projection to
                    save its original input, except for delayed scaling, which adds the quantized copy)
@@ -70,7 +72,9 @@ activation output) are Transformer Engine's quantized copies: 1 byte (+ 1/32 for
 implementation that runs: torch gives each (cuBLAS handle, stream) pair one, and the autograd engine runs the
 backward pass on its own thread with its own handle, so two; Transformer Engine keeps one of its own, and four
 more for its grouped GEMM's streams. Each is 32 MiB from Hopper on and 8.125 MiB (torch) / 4 MiB (TE) before.
-They dominate a small model (tiny_moe: 64 MiB beside 34 MiB of states).
+They dominate a small model (tiny_moe: 64 MiB beside 34 MiB of states). Unfused attention adds Megatron's global
+memory buffer for the raw scores, b x heads / TP x s x s in the activation dtype: the first layer allocates it
+and every layer reuses it.
 
 **Allowance**: declared, not estimated (``memory.*``): CUDA context, NCCL buffers, flex-dispatcher
 buffers, CUDA graphs, allocator fragmentation. Listed as such in the plan.
@@ -117,6 +121,16 @@ EXCLUDED = ("routing imbalance beyond the capacity factor", "workspaces of kerne
 MIB = 2**20
 
 
+def score_buffer_bytes(r: Resolved) -> float:
+    """Megatron's global memory buffer for unfused attention's raw scores, allocated once and reused by every
+    layer (none with fused attention, and none counted on the CPU preset, like the workspaces)."""
+    if r.impl.attention == "flash" or r.cfg.hardware.arch == "cpu":
+        return 0.0
+    lo, s = r.layout, r.batch.seq_length
+    e = 4 if r.cfg.precision.params_dtype == "fp32" else 2
+    return r.batch.micro_batch_size * r.arch.heads / lo.tp * (s / lo.cp) * s * e
+
+
 def workspace_bytes(arch: str, impl: Any) -> float:
     """The cuBLAS workspaces a rank holds (see the module docstring), by GPU architecture and implementation."""
     if arch == "cpu":
@@ -140,7 +154,7 @@ class StageMemory:
     in_flight: float  # micro-batches of this stage's layers whose activations are held at the peak
     allowance: float
     optimizer_step: float = 0.0  # held during the optimizer step, instead of the activations
-    workspaces: float = 0.0  # cuBLAS workspaces
+    workspaces: float = 0.0  # cuBLAS workspaces (and unfused attention's score buffer)
 
     @property
     def total(self) -> float:
@@ -191,7 +205,8 @@ def layer_terms(r: Resolved, moe: bool) -> dict[str, float]:
     else:
         t["core_attn"] = tokens * (a.q_width + 2 * a.kv_width) / tp * e
         q_width, heads = a.q_width, a.heads
-    t["core_attn_internal"] = tokens * heads / tp * (4 if flash else s * e)
+    softmax = s * (e + 4 if e < 4 else e)  # unfused, bf16 scores: the fp32 softmax output + the bf16 probabilities
+    t["core_attn_internal"] = tokens * heads / tp * (4 if flash else softmax)
     delayed = bool(cfg.precision.fp8) and cfg.precision.fp8_recipe == "delayed"  # the projection keeps a quantized copy too
     t["attn_proj"] = tokens * q_width / tp * (e + q * delayed)
     t["mlp_norm"] = rows * h * e
@@ -280,7 +295,7 @@ class Estimator:
         self.loss = 2 * self.hidden + tokens * a.padded_vocab(lo.tp) / lo.tp * 4
         self.allowance = allowance(cfg)
         self.torch_adam = r.impl.optimizer == "torch" and cfg.optimizer.optimizer == "adam"
-        self.workspaces = workspace_bytes(cfg.hardware.arch, r.impl)
+        self.workspaces = workspace_bytes(cfg.hardware.arch, r.impl) + score_buffer_bytes(r)
         self._fixed_allowance = sum(v for k, v in self.allowance.items() if k != "fragmentation")
 
     def static(self, ranks: list[RankParams]) -> list[tuple[float, float, float, float, float]]:

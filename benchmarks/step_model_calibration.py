@@ -333,6 +333,20 @@ def group_choices(timed: list[Row], errors: dict[str, float]) -> list[dict[str, 
     return out
 
 
+# The overrides a row's search does not take as given: the layout it chooses, and what the key below names.
+LAYOUT_OVERRIDES = ("parallel.", "train.micro_batch_size=", "recompute", "dispatcher=",
+                    "overlap.overlap_moe_expert_parallel_comm=")
+
+
+def search_key(row: Row) -> tuple:
+    """What a row's layout search is a function of: every override but its layout (the model's sizes, the cluster,
+    the batch, the precision, the kernels), its micro batch, dispatcher and EP overlap. Rows with equal keys share
+    one search."""
+    cfg = row.cfg
+    return (tuple(o for o in row.row["overrides"] if not o.startswith(LAYOUT_OVERRIDES)), cfg.train.micro_batch_size,
+            cfg.dispatcher.name, cfg.overlap.overlap_moe_expert_parallel_comm)
+
+
 def search_ranks(timed: list[Row]) -> dict[str, tuple[int | None, bool]]:
     """Row name -> (the rank the layout search gives its published layout (TP, CP, PP, VPP, EP, ETP at its micro
     batch), whether it is in the set tied with the best), searching its model, cluster, batch and precision with the
@@ -342,8 +356,7 @@ def search_ranks(timed: list[Row]) -> dict[str, tuple[int | None, bool]]:
     cache: dict[tuple, tuple[dict[tuple, int], int]] = {}
     for row in timed:
         cfg = overrides.apply(row.cfg, ["recompute=none"])
-        key = tuple(row.row["overrides"][:6]) + (cfg.train.micro_batch_size, cfg.dispatcher.name,
-                                                  cfg.overlap.overlap_moe_expert_parallel_comm)
+        key = search_key(row)
         if key not in cache:
             flex = cfg.hardware.flex_dispatcher
             overlap = cfg.overlap.overlap_moe_expert_parallel_comm  # the sweeper's: the configured one first

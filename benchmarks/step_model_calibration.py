@@ -98,6 +98,7 @@ OTHER = {
     "fine_grained_activation_offloading": "offload.fine_grained_activation_offloading",
     "offload_modules": "offload.offload_modules",
     "overlap_grad_reduce": "overlap.overlap_grad_reduce",
+    "grad_reduce_in_fp32": "optimizer.grad_reduce_in_fp32",
 }
 
 

@@ -150,3 +150,15 @@ def test_without_sequence_parallelism_every_tp_rank_runs_the_norms_and_adds_on_e
         sp, no_sp = (_terms(*gpt, f"parallel.sequence_parallel={on}")["compute"] for on in ("true", "false"))
         assert no_sp - sp == pytest.approx(tokens * StepModel(r).replicated_s * (tp - 1))
     assert 0 < step_model.replicated_bytes(r.arch) < sum(step_model.elementwise_bytes(r.arch))
+
+
+def test_data_parallel_traffic_is_the_bytes_megatron_moves_per_parameter():
+    """With the distributed optimizer: the gradient reduce-scatter (fp32 with grad_reduce_in_fp32, else bf16) and
+    the bf16 parameter all-gather, 4 + 2 or 2 + 2 bytes; without it the gradient all-reduce, 2 x the gradient's."""
+    dense = ("model=qwen3_235b_a22b", H100, "hardware.nodes=32", "overlap.overlap_grad_reduce=false")
+    dp = {(dist, fp32): _terms(*dense, f"optimizer.use_distributed_optimizer={dist}",
+                               f"optimizer.grad_reduce_in_fp32={fp32}")["dp"]
+          for dist in ("true", "false") for fp32 in ("true", "false")}
+    assert dp[("true", "false")] == pytest.approx(dp[("true", "true")] * 4 / 6)
+    assert dp[("false", "true")] == pytest.approx(dp[("true", "true")] * 8 / 6)
+    assert dp[("false", "false")] == pytest.approx(dp[("true", "true")] * 4 / 6)

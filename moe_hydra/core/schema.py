@@ -475,27 +475,27 @@ class StepModelConfig:
     left out of the fit; refit them to your cluster's screening runs."""
 
     # Fitted: dense GEMMs (attention projections, dense/shared MLPs, logits) in bf16, fraction of the peak;
-    gemm_efficiency: float = 0.632
+    gemm_efficiency: float = 0.618
     # core (flash) attention, forward + backward, fraction of the bf16 peak;
-    attention_efficiency: float = 0.551
+    attention_efficiency: float = 0.55
     # collectives and the all-to-all over the scale-out NIC, fraction of its bandwidth;
-    scaleout_efficiency: float = 0.731
+    scaleout_efficiency: float = 0.777
     # rows per expert GEMM at which grouped expert GEMMs run at half the dense GEMM rate;
-    expert_rows_half: float = 1530.0
+    expert_rows_half: float = 1630.0
     # collectives and the all-to-all inside the NVLink domain, fraction of half the bidirectional bandwidth;
-    nvlink_efficiency: float = 0.741
+    nvlink_efficiency: float = 0.736
     # host time per MoE layer per micro-batch, forward + backward (launches, the dispatcher's syncs);
-    host_ms_per_moe_layer: float = 11.7
+    host_ms_per_moe_layer: float = 11.8
     # the fraction of the all-to-all that EP overlap hides under another micro-batch's compute;
-    ep_overlap_efficiency: float = 0.845
+    ep_overlap_efficiency: float = 0.756
     # GEMMs in FP8 / MXFP8 / NVFP4: fraction of that precision's peak (quantisation kernels included);
-    low_precision_gemm_efficiency: float = 0.47
+    low_precision_gemm_efficiency: float = 0.469
     # host time CUDA graphs of a partial scope leave (kernels.cuda_graph_scope; a whole-iteration graph
     # leaves none), fraction of the above;
-    cuda_graph_host_fraction: float = 0.719
+    cuda_graph_host_fraction: float = 0.688
     # GPU time per MoE layer per micro-batch, forward + backward, in its small kernels (router, top-k,
     # permutation indices and counts) that run at no GEMM or bandwidth rate.
-    gpu_ms_per_moe_layer: float = 2.9
+    gpu_ms_per_moe_layer: float = 2.61
     # Priors (the dataset does not decide them): a dense layer launches about a quarter of a MoE layer's
     # kernels and has no dispatcher sync;
     host_ms_per_dense_layer: float = 2.5

@@ -33,9 +33,11 @@ the hardware's peaks times the sustained fractions of ``step_model.*`` (fitted, 
               device-to-host syncs; x cuda_graph_host_fraction with CUDA graphs of a partial scope, none with a
               whole-iteration graph; sequential experts (no grouped GEMM) add host_ms_per_local_expert per local
               expert. The busy time is max(compute + ep + etp + tp + cp, host); ``host`` is the excess.
-    dp        dense params x 6 B over the DP x CP group + expert params x 6 B over the EDP group (fp32
-              gradient reduce-scatter + bf16 parameter all-gather), each at its two-level ring's seconds per
-              byte; with overlap_grad_reduce only what the backward pass (2/3 of compute) cannot hide, and at
+    dp        dense params x B over the DP x CP group + expert params x B over the EDP group, B the bytes a
+              parameter moves: with the distributed optimizer the gradient reduce-scatter (4 B with
+              grad_reduce_in_fp32, else the weights' 2) + the parameter all-gather (2 B, 1 with FP8 parameter
+              gather), without it the gradient all-reduce (2 x the gradient's bytes), each at its two-level ring's
+              seconds per byte; with overlap_grad_reduce only what the backward pass (2/3 of compute) cannot hide, and at
               least the last bucket (1 / (M x VPP) of it)
     bubble    (PP-1) / (VPP x M) x busy
     p2p       2 x VPP x M x rows x h x 2 B per stage boundary, scale-out when PP crosses nodes
@@ -68,6 +70,7 @@ from moe_hydra.core import flops, metrics
 from moe_hydra.core.arch import Arch
 from moe_hydra.core.layout import Layout
 from moe_hydra.core.resolved import Resolved
+from moe_hydra.planning.memory import grad_bytes, weight_bytes
 
 NOMINAL_TFLOPS, NOMINAL_GB_S = 1.0, 10.0
 TERMS = ("compute", "ep", "etp", "tp", "cp", "host", "dp", "bubble", "p2p")
@@ -83,10 +86,10 @@ CALIBRATION = ("sustained fractions fitted (benchmarks/step_model_calibration.py
 # ratio of two rows of one model, cluster and source (what choosing between layouts needs).
 # benchmarks/step_model_calibration.py prints them; tests/test_calibration.py recomputes them.
 HELD_OUT = {"scheme": "leave one source out", "sources": 8, "rows": 191,
-            "median": 0.118, "p90": 0.356, "worst": 0.818,
-            "moe": {"rows": 82, "median": 0.136, "p90": 0.401, "worst": 0.818},
-            "dense": {"rows": 109, "median": 0.107, "p90": 0.254, "worst": 0.775},
-            "ranking_median": 0.077, "ranking_p90": 0.350}
+            "median": 0.120, "p90": 0.363, "worst": 0.818,
+            "moe": {"rows": 82, "median": 0.148, "p90": 0.417, "worst": 0.818},
+            "dense": {"rows": 109, "median": 0.111, "p90": 0.273, "worst": 0.790},
+            "ranking_median": 0.082, "ranking_p90": 0.348}
 
 
 def interval(seconds: float) -> list[float]:
@@ -139,6 +142,10 @@ class StepModel:
         self.seq, self.gbs = r.batch.seq_length, r.batch.global_batch_size
         self.groups, self.group_topk = cfg.model.moe_router_num_groups, cfg.model.moe_router_group_topk
         self.overlap_grad_reduce = cfg.overlap.overlap_grad_reduce
+        # bytes a parameter moves over DP: the gradient reduce-scatter + the parameter all-gather (distributed
+        # optimizer), else the gradient all-reduce (a reduce-scatter + an all-gather of the gradient)
+        g = grad_bytes(cfg)
+        self.dp_bytes = g + (weight_bytes(cfg.precision) if cfg.optimizer.use_distributed_optimizer else g)
         fl = flops.swa_discounted(arch, self.seq)  # the work the kernels do: a sliding window's keys only
         self.flops = fl
         # seconds per token at the sustained rates: dense GEMMs (at the precision's peak), core attention (bf16:
@@ -294,8 +301,8 @@ class StepModel:
             host_moe += k.host_ms_per_local_expert * 1e-3 * a.experts / lo.ep
         host = (host_moe * host_moe_f * moe_layers + self.host_dense * host_dense_f * (layers - moe_layers)) * m
         dense_dp, edp = world // (lo.tp * lo.pp), world // (lo.ep * lo.etp * lo.pp)  # DP x CP, EDP
-        dp = (dense_params * 6 * self._collective(dense_dp, lo.tp)
-              + expert_params * 6 * self._collective(edp, lo.ep * lo.etp))
+        dp = self.dp_bytes * (dense_params * self._collective(dense_dp, lo.tp)
+                              + expert_params * self._collective(edp, lo.ep * lo.etp))
         p2p_bw = out if world // lo.pp >= domain and world > domain else nvl
         p2p = 2 * m * rows * a.h * 2 / p2p_bw if lo.pp > 1 else 0.0
         return m, compute, ep_nvlink, ep_remote, etp, tp, cp, host, dp, p2p

@@ -108,7 +108,7 @@ def test_mla_attention_holds_q_k_v_once_and_its_output_once():
     the attention holds of them is q, k (after RoPE) and v, which ``mla_up_proj`` discards. The attention output
     is kept once, by the attention, in bf16: the projection saves the same tensor (FP8 recipes too, except
     delayed scaling, whose projection also keeps the quantized copy)."""
-    _, a = _assess(*DSV3)  # TP 2, no sequence parallelism: 4096 tokens on every rank
+    _, a = _assess(*DSV3)  # TP 2: the core attention sees all 4096 tokens, half the heads
     terms, m = memory.layer_terms(a.r, True), a.r.arch
     tokens, heads = 4096, m.heads / 2
     qkv = tokens * heads * (2 * (m.qk_head_dim + m.qk_pos_emb_head_dim) + m.v_head_dim) * 2

@@ -207,7 +207,8 @@ def layer_terms(r: Resolved, moe: bool) -> dict[str, float]:
         q_width, heads = a.q_width, a.heads
     softmax = s * (e + 4 if e < 4 else e)  # unfused, bf16 scores: the fp32 softmax output + the bf16 probabilities
     t["core_attn_internal"] = tokens * heads / tp * (4 if flash else softmax)
-    delayed = bool(cfg.precision.fp8) and cfg.precision.fp8_recipe == "delayed"  # the projection keeps a quantized copy too
+    # the output, kept by the attention; delayed scaling's projection keeps a quantized copy too
+    delayed = bool(cfg.precision.fp8) and cfg.precision.fp8_recipe == "delayed"
     t["attn_proj"] = tokens * q_width / tp * (e + q * delayed)
     t["mlp_norm"] = rows * h * e
     t["mlp_input"] = rows * h * q

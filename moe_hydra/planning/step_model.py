@@ -36,9 +36,9 @@ the hardware's peaks times the sustained fractions of ``step_model.*`` (fitted, 
     dp        dense params x B over the DP x CP group + expert params x B over the EDP group, B the bytes a
               parameter moves: with the distributed optimizer the gradient reduce-scatter (4 B with
               grad_reduce_in_fp32, else the weights' 2) + the parameter all-gather (2 B, 1 with FP8 parameter
-              gather), without it the gradient all-reduce (2 x the gradient's bytes), each at its two-level ring's
-              seconds per byte; with overlap_grad_reduce only what the backward pass (2/3 of compute) cannot hide, and at
-              least the last bucket (1 / (M x VPP) of it)
+              gather), without it the gradient all-reduce (2 x the gradient's bytes); each at its two-level
+              ring's seconds per byte; with overlap_grad_reduce only what the backward pass (2/3 of compute)
+              cannot hide, and at least the last bucket (1 / (M x VPP) of it)
     bubble    (PP-1) / (VPP x M) x busy
     p2p       2 x VPP x M x rows x h x 2 B per stage boundary, scale-out when PP crosses nodes
     step      the sum

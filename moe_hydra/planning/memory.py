@@ -58,7 +58,9 @@ padded to capacity when ``moe_pad_expert_input_to_capacity``). Full recompute ke
 per ``recompute_num_layers`` layers (uniform) or recomputes that many layers per model chunk (block),
 plus one recomputed group live during the backward pass. Fine-grained offloading removes the
 offloaded modules' terms. The last stage adds the final norm, the output layer's input and the fp32
-logits of the cross-entropy; each MTP block adds its norms, projection input, layer and logits.
+logits of the cross-entropy (its softmax, kept for the backward pass); each MTP block adds its norms, projection
+input, layer and logits. Beside them for a moment the logits in the activation dtype: the output layer's as the
+cross-entropy makes its fp32 copy, their gradient as its backward returns one.
 
 Micro-batches in flight on pipeline rank r (M per step): 1F1B holds min(PP - r, M);
 the interleaved schedule holds min(2 (PP - r - 1) + (VPP - 1) PP + 1, M VPP) model-chunk
@@ -293,7 +295,10 @@ class Estimator:
         rows = tokens / lo.tp if lo.sp else tokens
         self.hidden = rows * a.h * e  # one stored hidden state (full-recompute checkpoint)
         # final norm input + output-layer input + fp32 logits of the vocab-parallel cross-entropy
-        self.loss = 2 * self.hidden + tokens * a.padded_vocab(lo.tp) / lo.tp * 4
+        logits = tokens * a.padded_vocab(lo.tp) / lo.tp
+        self.loss = 2 * self.hidden + logits * 4
+        # the 16-bit logits (forward) or their gradient (backward) beside them; fp32 logits are their own copy
+        self.logits_transient = logits * e if e < 4 else 0.0
         self.allowance = allowance(cfg)
         self.torch_adam = r.impl.optimizer == "torch" and cfg.optimizer.optimizer == "adam"
         self.workspaces = workspace_bytes(cfg.hardware.arch, r.impl) + score_buffer_bytes(r)
@@ -344,7 +349,7 @@ class Estimator:
         stage_mbs = chunks / vpp
         act = per_mb * stage_mbs + live
         if r.loss:
-            act += self.loss * (1 + r.mtp)  # the last stage runs each micro-batch's backward at once
+            act += self.loss * (1 + r.mtp) + self.logits_transient  # each micro-batch's backward at once
         next_layer = (self.moe_layer if n_moe else self.dense_layer) if r.layers else 0.0
         return act + overlap * next_layer, stage_mbs, next_layer
 

@@ -57,6 +57,9 @@ def test_each_rows_overrides_resolve_to_its_published_columns(rows):
         assert row.cfg.hardware.name == calibration.HARDWARE[c["gpu"]][0] and row.cfg.precision.name == c["precision"]
         # and they are what --write-overrides writes from the columns
         assert c["overrides"] == calibration.overrides_of(c), row.name
+        # the attention kernels the runs used: Megatron-DeepSpeed's (vTrain) materialise the score matrix
+        assert r.impl.attention == ("unfused" if c["source"] == "vtrain" or "transformer_engine=false"
+                                    in " ".join(c["overrides"]) else "flash"), row.name
 
 
 def test_every_published_layout_and_recompute_is_one_the_search_generates(rows):
@@ -125,8 +128,9 @@ def test_the_held_out_step_time_error_is_what_the_plan_states_and_stays_bounded(
         assert part["rows"] == stated[kind]["rows"]
         for name in ("median", "p90", "worst"):
             assert part[name] == pytest.approx(stated[kind][name], abs=0.01), (kind, name)
-    assert s["median"] <= 0.15 and s["p90"] <= 0.4 and s["worst"] <= 0.95
-    assert stated["moe"]["median"] <= 0.17 and stated["moe"]["p90"] <= 0.42 and stated["dense"]["median"] <= 0.12
+    assert s["median"] <= 0.13 and s["p90"] <= 0.36 and s["worst"] <= 0.9
+    assert stated["moe"]["median"] <= 0.16 and stated["moe"]["p90"] <= 0.42
+    assert stated["dense"]["median"] <= 0.12 and stated["dense"]["p90"] <= 0.21
     # the defaults are the fit on every row: refitting moves no prediction by more than 1 %
     refit = calibration.fit(timed, k)
     assert max(abs(r.error(refit) - r.error(k)) for r in timed) < 0.01

@@ -329,6 +329,11 @@ def test_a_real_command_without_the_comment_line(composer):
     cfg = composer(got.overrides)
     assert cfg.parallel.expert_model_parallel_size == 16 and cfg.model.moe_router_topk == 8
     assert cfg.kernels.cuda_graph_impl == "none" and cfg.precision.name == "bf16"
+    assert cfg.kernels.attention_backend == "auto"  # absent: Megatron-LM's default
+    # the attention kernels a command chooses are planned as such: the score matrix held and its time
+    unfused = ingest.ingest("megatron-lm", source=cmd + " --attention-backend unfused", hardware="h100_sxm")
+    assert "kernels.attention_backend=unfused" in unfused.overrides
+    assert resolve(composer(unfused.overrides)).impl.attention == "unfused"
 
 
 def test_export_reports_what_no_flag_carries(composer):

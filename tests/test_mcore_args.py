@@ -49,3 +49,12 @@ def test_flex_sms_use_the_release_field_name():
     new = transformer_config_kwargs(_with_te(cfg), mcore_facts("0.19.2"), on_gpu=True)
     assert old["moe_hybridep_num_sms"] == 32 and new["moe_flex_dispatcher_num_sms"] == 32
     assert old["moe_token_dispatcher_type"] == "flex" and old["moe_flex_dispatcher_backend"] == "hybridep"
+
+
+def test_the_attention_backend_reaches_transformer_engine_only():
+    """With TE the backend picks TE's kernels (Megatron sets NVTE_*_ATTN from it); the local spec has one attention,
+    so the CPU mapping leaves Megatron's default and the process environment alone."""
+    cfg = compose_config("hardware=h100_sxm", "kernels.attention_backend=unfused")
+    assert transformer_config_kwargs(_with_te(cfg), mcore_facts(), on_gpu=True)["attention_backend"] == "unfused"
+    assert "attention_backend" not in transformer_config_kwargs(resolve(compose_config("kernels.attention_backend=unfused")),
+                                                                mcore_facts(), on_gpu=False)

@@ -128,6 +128,8 @@ CASES = [
      r"full recompute works only with a full-iteration CUDA graph"),
     ("L61", [H100, "kernels.cuda_graph_impl=transformer_engine", "kernels.cuda_graph_scope=[moe_router]", "recompute=selective",
              "recompute.recompute_modules=[moe]"], r"MoE recompute conflicts with the TE 'moe_router' graph scope"),
+    ("L74", [H100, "kernels.attention_backend=local"], r"attention_backend=local needs the local layer spec"),
+    ("S01", ["kernels.attention_backend=sdpa"], r"kernels\.attention_backend must be one of auto, flash, fused"),
     ("L65", [H100, "overlap.overlap_moe_expert_parallel_comm=true"], r"EP overlap needs EP > 1"),
     ("L66", [H100, "mesh=ep8", "dispatcher=allgather", "overlap.overlap_moe_expert_parallel_comm=true"], r"alltoall or flex"),
     ("L67", [H100, "attention_mesh=pp2", "expert_mesh=ep4", "overlap.overlap_moe_expert_parallel_comm=true"], r"PP > 1 needs VPP"),
@@ -212,6 +214,9 @@ def test_every_rule_in_the_module_has_a_case():
     [H100, "attention_mesh=tp2", "expert_mesh=ep4"],
     ["hardware.devices_per_node=2", "attention_mesh=tp2", "expert_mesh=ep2"],
     [H100, "recompute=selective", "precision=fp8_blockwise"],
+    [H100, "kernels.attention_backend=unfused"],
+    [H100, "hardware.transformer_engine=false", "kernels.attention_backend=local"],
+    ["kernels.attention_backend=local"],
     [H100, "mesh=ep8", "overlap.overlap_moe_expert_parallel_comm=true", "overlap.delay_wgrad_compute=true"],
     ["model=qwen3_30b_a3b", "hardware=gb200_nvl72", "hardware.nodes=4", "mesh=ep16", "precision=mxfp8", "dispatcher=hybridep"],
 ])

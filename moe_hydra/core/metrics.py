@@ -40,6 +40,17 @@ def peak_tflops(hardware: Any, precision: Any) -> tuple[float | None, str | None
     return (float(value), f"hardware.{field}") if value else (None, None)
 
 
+def matmul_tflops(hardware: Any, precision: Any) -> float | None:
+    """The best-shape GEMM rate of the compute precision: ``hardware.matmul_tflops_bf16`` / ``_fp8`` (measured),
+    FP4 at the FP8 measurement's fraction of its peak; the dense peak where nothing is measured."""
+    peak, _ = peak_tflops(hardware, precision)
+    if precision.fp4 or precision.fp8:
+        measured, of = hardware.matmul_tflops_fp8, hardware.peak_tflops_fp8
+    else:
+        measured, of = hardware.matmul_tflops_bf16, hardware.peak_tflops_bf16
+    return peak * measured / of if peak and measured and of else peak
+
+
 def window_steps(records: list[StepRecord], window: list[int]) -> list[StepRecord]:
     first, last = window
     return [r for r in records if first <= r.step <= last]

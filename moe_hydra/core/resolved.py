@@ -56,6 +56,10 @@ class Batch:
                 "micro_batches_per_step": self.micro_batches_per_step, "tokens_per_step": self.tokens_per_step}
 
 
+# kernels.attention_backend values that run a fused attention kernel under Transformer Engine (no score matrix kept)
+FUSED_ATTENTION = ("auto", "flash", "fused")
+
+
 @dataclass(frozen=True, slots=True)
 class Implementation:
     """The modules that will run, which decide what memory and time a layout costs.
@@ -66,7 +70,8 @@ class Implementation:
 
     # Megatron-Core layer spec: transformer_engine (TE layers) | local (torch layers, the CPU path and GPUs without TE)
     layer_spec: str
-    # core attention: flash (TE's fused kernels, no score matrix kept) | unfused (softmax over the full score matrix)
+    # core attention: flash (TE's fused kernels, no score matrix kept) | unfused (softmax over the full score matrix:
+    # no TE, or kernels.attention_backend=unfused | local)
     attention: str
     # routed experts: grouped (one grouped GEMM per expert group) | sequential (a loop over the local experts)
     experts: str
@@ -85,7 +90,7 @@ class Implementation:
         k = cfg.kernels
         return cls(
             layer_spec="transformer_engine" if te else "local",
-            attention="flash" if te else "unfused",
+            attention="flash" if te and k.attention_backend in FUSED_ATTENTION else "unfused",
             experts="grouped" if k.moe_grouped_gemm and gpu and (te or grouped_gemm) else "sequential",
             optimizer="fused" if gpu and (te or apex) else "torch",
             cuda_graph_scope=_graphed(k),

@@ -146,6 +146,12 @@ class HardwareConfig:
     peak_tflops_bf16: Optional[float] = None
     peak_tflops_fp8: Optional[float] = None
     peak_tflops_fp4: Optional[float] = None
+    # Maximum achievable matmul TFLOP/s per device: the best-shape bf16 / FP8 GEMM as measured (mamf-finder,
+    # ml-engineering's comparison table). The step model's GEMM fractions are of this rate, so one fitted
+    # fraction carries across GPUs whose GEMMs reach different fractions of their datasheet peak (A100 0.87,
+    # H100 0.80, B200 0.78, GB200 0.73). null = not measured: the peak stands in.
+    matmul_tflops_bf16: Optional[float] = None
+    matmul_tflops_fp8: Optional[float] = None
     # Bidirectional NVLink bandwidth per device, GB/s.
     nvlink_bandwidth_gb_s: Optional[float] = None
     # Scale-out (NIC) bandwidth per device, GB/s.
@@ -265,6 +271,10 @@ class KernelsConfig:
     moe_router_fusion: bool = False
     cuda_graph_impl: str = "none"  # none | local | transformer_engine | full_iteration
     cuda_graph_scope: List[str] = field(default_factory=list)
+    # Megatron-Core's TransformerConfig.attention_backend: auto | flash | fused | unfused | local. With Transformer
+    # Engine, auto / flash / fused run a fused kernel that keeps no score matrix; unfused (TE's) and local
+    # (Megatron-Core's DotProductAttention) materialise the scores. Without TE every backend runs the local one.
+    attention_backend: str = "auto"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -474,33 +484,37 @@ class StepModelConfig:
     not pin them (benchmarks/step_model_calibration.py --fit, PRIOR; the fitted ones below), judged on the sources
     left out of the fit; refit them to your cluster's screening runs."""
 
-    # Fitted: dense GEMMs (attention projections, dense/shared MLPs, logits) in bf16, fraction of the peak;
-    gemm_efficiency: float = 0.618
+    # Fitted: dense GEMMs (attention projections, dense/shared MLPs, logits) in bf16, fraction of the best-shape
+    # matmul rate (hardware.matmul_tflops_bf16; the peak where it is not declared);
+    gemm_efficiency: float = 0.806
     # core (flash) attention, forward + backward, fraction of the bf16 peak;
-    attention_efficiency: float = 0.55
+    attention_efficiency: float = 0.552
     # collectives and the all-to-all over the scale-out NIC, fraction of its bandwidth;
-    scaleout_efficiency: float = 0.777
+    scaleout_efficiency: float = 0.779
     # rows per expert GEMM at which grouped expert GEMMs run at half the dense GEMM rate;
-    expert_rows_half: float = 1630.0
+    expert_rows_half: float = 1690.0
     # collectives and the all-to-all inside the NVLink domain, fraction of half the bidirectional bandwidth;
-    nvlink_efficiency: float = 0.736
+    nvlink_efficiency: float = 0.746
     # host time per MoE layer per micro-batch, forward + backward (launches, the dispatcher's syncs);
-    host_ms_per_moe_layer: float = 11.8
+    host_ms_per_moe_layer: float = 11.7
     # the fraction of the all-to-all that EP overlap hides under another micro-batch's compute;
-    ep_overlap_efficiency: float = 0.756
-    # GEMMs in FP8 / MXFP8 / NVFP4: fraction of that precision's peak (quantisation kernels included);
-    low_precision_gemm_efficiency: float = 0.469
+    ep_overlap_efficiency: float = 0.783
+    # GEMMs in FP8 / MXFP8 / NVFP4: fraction of that precision's best-shape matmul rate (hardware.matmul_tflops_fp8;
+    # FP4 at its fraction of the peak), quantisation kernels included;
+    low_precision_gemm_efficiency: float = 0.63
     # host time CUDA graphs of a partial scope leave (kernels.cuda_graph_scope; a whole-iteration graph
     # leaves none), fraction of the above;
-    cuda_graph_host_fraction: float = 0.688
+    cuda_graph_host_fraction: float = 0.701
     # GPU time per MoE layer per micro-batch, forward + backward, in its small kernels (router, top-k,
-    # permutation indices and counts) that run at no GEMM or bandwidth rate.
+    # permutation indices and counts) that run at no GEMM or bandwidth rate;
     gpu_ms_per_moe_layer: float = 2.61
+    # unfused core attention (no Transformer Engine, or attention_backend unfused / local), fraction of the bf16
+    # peak: memory-bound (the full score matrix's softmax and dropout through HBM, about 30 B per score, forward
+    # and backward), vTrain's A100 runs and the H200 slice.
+    unfused_attention_efficiency: float = 0.0743
     # Priors (the dataset does not decide them): a dense layer launches about a quarter of a MoE layer's
     # kernels and has no dispatcher sync;
     host_ms_per_dense_layer: float = 2.5
-    # unfused core attention (the local spec, no Transformer Engine): fraction of the bf16 peak;
-    unfused_attention_efficiency: float = 0.15
     # sequential experts (no grouped GEMM): host time per local expert per MoE layer per micro-batch,
     # forward + backward (one H200 without TE: ~0.4 s per micro-batch for 128 experts x 4 layers).
     host_ms_per_local_expert: float = 0.78

@@ -878,11 +878,7 @@ FIXED = (
     ("--eval-iters", "0", "note", "moe_hydra's job does not evaluate"),
 )
 # Flags export never writes whose values ingest checks against what moe_hydra plans: (flag, accepted values, why)
-CHECKED = (
-    ("--attention-backend", ("auto", "flash", "fused"),
-     ("moe_hydra plans fused (flash) attention with Transformer Engine and unfused without it, as the hardware "
-      "preset says")),
-)
+CHECKED: tuple[tuple[str, tuple[str, ...], str], ...] = ()
 # Bridge keys export writes with one value (the job's), and what ingest does with another
 BRIDGE_FIXED = (("model.hidden_dropout", 0.0, "refuse"), ("model.attention_dropout", 0.0, "refuse"),
                 ("train.eval_iters", 0, "note"))
@@ -1019,6 +1015,8 @@ TABLE: tuple[Entry, ...] = (
     value("kernels.cuda_graph_impl", type=str, absent="none", choices=("none", "local", "transformer_engine"),
           group="kernels", doc="CUDA graphs (full_iteration: no such choice at core_v0.16.1)"),
     _cuda_graph_scope(),
+    value("kernels.attention_backend", type=str, absent="auto", choices=("auto", "flash", "fused", "unfused", "local"),
+          group="kernels", doc="attention kernels: TE's fused (auto, flash, fused) or unfused, or Megatron-Core's local"),
     switch("overlap.overlap_grad_reduce", bridge="ddp", group="overlap", doc="DP gradient reduce overlap"),
     switch("overlap.overlap_param_gather", bridge="ddp", group="overlap", doc="parameter all-gather overlap"),
     switch("overlap.tp_comm_overlap", group="overlap", doc="TP communication overlap"),

@@ -1,8 +1,9 @@
 """The composed config as Megatron-Core ``TransformerConfig`` keyword arguments.
 
 One mapping, field by field, from moe_hydra's schema (which already uses Megatron's names) to the
-installed release's names (:mod:`moe_hydra.core.versions`). Dtypes and the activation are returned as
-names (``"bf16"``, ``"silu"``) so this module stays pure; the job turns them into torch objects.
+installed release's names (:mod:`moe_hydra.core.versions`). Dtypes, the activation and the attention backend are
+returned as names (``"bf16"``, ``"silu"``, ``"auto"``) so this module stays pure; the job turns them into torch and
+Megatron objects.
 
 Pure: standard library only.
 """
@@ -90,6 +91,9 @@ def transformer_config_kwargs(resolved: Resolved, mcore: McoreFacts, *, on_gpu: 
     )
     if cfg.kernels.cuda_graph_scope:
         kw[mcore.cuda_graph_scope_field] = list(cfg.kernels.cuda_graph_scope)
+    if with_te:  # TE's attention kernels (a name; the job makes it an AttnBackend). The local spec has one kind,
+        # and a non-default backend would set TE's NVTE_*_ATTN variables in the process for nothing
+        kw["attention_backend"] = cfg.kernels.attention_backend
     if m.window_size is not None:
         kw.update(window_size=tuple(m.window_size), window_attn_skip_freq=m.window_attn_skip_freq)
     if m.num_moe_experts:

@@ -222,6 +222,10 @@ class Job:
         for key in ("params_dtype", "pipeline_dtype"):
             kw[key] = getattr(torch, _DTYPES[kw[key]])
         kw["activation_func"] = getattr(torch.nn.functional, kw["activation_func"])
+        if "attention_backend" in kw:
+            from megatron.core.transformer.enums import AttnBackend
+
+            kw["attention_backend"] = AttnBackend[kw["attention_backend"]]
         cls = MLATransformerConfig if kw.get("multi_latent_attention") else TransformerConfig
         known = {f.name for f in dataclasses.fields(cls)}
         dropped = {k: v for k, v in kw.items() if k not in known and v not in (None, False)}

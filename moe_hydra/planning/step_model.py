@@ -1,16 +1,19 @@
 """The analytic step time of a layout: what the layout search ranks by and ``stage=plan`` predicts (every term printed).
 
 Per rank and step, M = micro-batches per step, rows = s b / CP (/ TP with sequence parallelism), rates
-the hardware's peaks times the sustained fractions of ``step_model.*`` (fitted, see below):
+the hardware's peaks (for GEMMs its measured best-shape matmul rates) times the sustained fractions of
+``step_model.*`` (fitted, see below):
 
     compute   the GEMMs' FLOPs x tokens/step / world, each part at its rate and times what recompute re-runs
               of it (:meth:`StepModel.recompute_factors`, per ``recompute_modules`` entry as Megatron-Core
               checkpoints it): dense GEMMs (attention projections, dense and shared MLPs, logits) at
-              gemm_efficiency x the bf16 peak, or low_precision_gemm_efficiency x the FP8 / FP4 peak; core
-              attention at attention_efficiency x the bf16 peak (unfused_attention_efficiency without Transformer
-              Engine), a sliding window's layers charged for the keys it admits (flops.swa_discounted); routed
-              experts at the GEMM rate x r / (r + expert_rows_half), r = rows each expert GEMM gets per
-              micro-batch (EP x ETP x rows x top-k / experts): small grouped GEMMs run below the dense rate. Or,
+              gemm_efficiency x the hardware's best-shape bf16 matmul rate (hardware.matmul_tflops_bf16, measured;
+              the peak where it is not declared), or low_precision_gemm_efficiency x the FP8 one; core attention
+              at attention_efficiency x the bf16 peak (unfused_attention_efficiency where the unfused kind runs:
+              no Transformer Engine, or kernels.attention_backend=unfused | local), a sliding window's layers
+              charged for the keys it admits (flops.swa_discounted); routed experts at the GEMM rate x
+              r / (r + expert_rows_half), r = rows each expert GEMM gets per micro-batch (EP x ETP x rows x
+              top-k / experts): small grouped GEMMs run below the dense rate. Or,
               whichever is slower, the weights streamed from HBM for every micro-batch (12 B per parameter).
               Plus the kernels between the GEMMs, memory-bound: the activation bytes they move per token
               (:func:`elementwise_bytes`) at hbm_efficiency x the HBM bandwidth; and gpu_ms_per_moe_layer per
@@ -86,10 +89,10 @@ CALIBRATION = ("sustained fractions fitted (benchmarks/step_model_calibration.py
 # ratio of two rows of one model, cluster and source (what choosing between layouts needs).
 # benchmarks/step_model_calibration.py prints them; tests/test_calibration.py recomputes them.
 HELD_OUT = {"scheme": "leave one source out", "sources": 8, "rows": 191,
-            "median": 0.120, "p90": 0.363, "worst": 0.818,
-            "moe": {"rows": 82, "median": 0.148, "p90": 0.417, "worst": 0.818},
-            "dense": {"rows": 109, "median": 0.111, "p90": 0.273, "worst": 0.790},
-            "ranking_median": 0.082, "ranking_p90": 0.348}
+            "median": 0.116, "p90": 0.332, "worst": 0.816,
+            "moe": {"rows": 82, "median": 0.147, "p90": 0.400, "worst": 0.816},
+            "dense": {"rows": 109, "median": 0.110, "p90": 0.188, "worst": 0.636},
+            "ranking_median": 0.076, "ranking_p90": 0.344}
 
 
 def interval(seconds: float) -> list[float]:
@@ -133,8 +136,6 @@ class StepModel:
         self.arch, self.world = arch, r.layout.world_size
         hw, k = cfg.hardware, cfg.step_model
         self.k = k
-        peak, _ = metrics.peak_tflops(hw, cfg.precision)
-        peak_s = (peak or NOMINAL_TFLOPS) * 1e12  # the compute precision's peak FLOP/s
         self.nvlink = (hw.nvlink_bandwidth_gb_s or 2 * NOMINAL_GB_S) / 2 * 1e9 * k.nvlink_efficiency
         self.scaleout = (hw.scaleout_bandwidth_gb_s or NOMINAL_GB_S) * 1e9 * k.scaleout_efficiency
         self.hbm = (hw.hbm_bandwidth_tb_s or NOMINAL_GB_S / 1000) * 1e12
@@ -151,8 +152,10 @@ class StepModel:
         # seconds per token at the sustained rates: dense GEMMs (at the precision's peak), core attention (bf16:
         # the recipes keep it out of FP8); experts apart (their rate depends on the layout)
         bf16 = (hw.peak_tflops_bf16 or NOMINAL_TFLOPS) * 1e12
+        # GEMMs at a fraction of the best-shape matmul rate measured on the hardware (the peak where none is)
+        matmul = (metrics.matmul_tflops(hw, cfg.precision) or NOMINAL_TFLOPS) * 1e12
         low_precision = cfg.precision.fp8 or cfg.precision.fp4
-        gemm = peak_s * k.low_precision_gemm_efficiency if low_precision else bf16 * k.gemm_efficiency
+        gemm = matmul * (k.low_precision_gemm_efficiency if low_precision else k.gemm_efficiency)
         self.gemm_s = 1 / gemm
         self.dense_flops = fl.total - fl.routed_experts - fl.attention_core
         attention = k.attention_efficiency if r.impl.attention == "flash" else k.unfused_attention_efficiency

@@ -138,6 +138,20 @@ def l56_offload(c: Ctx):
                 "add core_attn to offload.offload_modules", offload__offload_modules=mods)
 
 
+# --------------------------------------------------------------------------- attention backend (L74)
+
+@rule(reads="fixed")
+def l74_attention_backend(c: Ctx):
+    k, hw = c.cfg.kernels, c.cfg.hardware
+    if k.attention_backend == "local" and hw.transformer_engine and hw.arch != "cpu":
+        # Megatron-Core's local DotProductAttention sits in the local layer spec only; under TE's spec the backend
+        # turns every TE kernel off and the model has no attention
+        yield V("L74", "kernels.attention_backend=local needs the local layer spec; with Transformer Engine "
+                "its unfused attention is kernels.attention_backend=unfused",
+                "kernels.attention_backend=unfused (or hardware.transformer_engine=false)",
+                kernels__attention_backend="local", hardware__transformer_engine=True)
+
+
 # --------------------------------------------------------------------------- CUDA graphs (L57-L61)
 
 @rule(reads="recompute")  # L60/L61 read the recompute settings

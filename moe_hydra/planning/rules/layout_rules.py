@@ -30,6 +30,7 @@ _CHOICES = {
     "recompute.recompute_granularity": (None, "selective", "full"),
     "recompute.recompute_method": (None, "uniform", "block"),
     "kernels.cuda_graph_impl": ("none", "local", "transformer_engine", "full_iteration"),
+    "kernels.attention_backend": ("auto", "flash", "fused", "unfused", "local"),
     "optimizer.optimizer": ("adam", "sgd", "muon"),
     "data.kind": ("mock", "megatron"),
     "profile.name": ("none", "window"),

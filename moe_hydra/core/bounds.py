@@ -72,6 +72,8 @@ DOMAINS: dict[str, tuple[float, float]] = {
     "hardware.peak_tflops_bf16": RATE,
     "hardware.peak_tflops_fp8": RATE,
     "hardware.peak_tflops_fp4": RATE,
+    "hardware.matmul_tflops_bf16": RATE,
+    "hardware.matmul_tflops_fp8": RATE,
     "hardware.nvlink_bandwidth_gb_s": RATE,
     "hardware.scaleout_bandwidth_gb_s": RATE,
     "hardware.run_to_run_noise": FRACTION,

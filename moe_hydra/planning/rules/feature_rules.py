@@ -142,10 +142,10 @@ def l56_offload(c: Ctx):
 
 @rule(reads="fixed")
 def l74_attention_backend(c: Ctx):
-    k, hw = c.cfg.kernels, c.cfg.hardware
-    if k.attention_backend == "local" and hw.transformer_engine and hw.arch != "cpu":
-        # Megatron-Core's local DotProductAttention sits in the local layer spec only; under TE's spec the backend
-        # turns every TE kernel off and the model has no attention
+    # the implementation that will run: declared by the preset when planning, detected on the machine for stage=run.
+    # Megatron-Core's local DotProductAttention sits in the local layer spec only; under TE's spec the backend turns
+    # every TE kernel off and the model has no attention
+    if c.cfg.kernels.attention_backend == "local" and c.r.impl.te:
         yield V("L74", "kernels.attention_backend=local needs the local layer spec; with Transformer Engine "
                 "its unfused attention is kernels.attention_backend=unfused",
                 "kernels.attention_backend=unfused (or hardware.transformer_engine=false)",

@@ -207,7 +207,11 @@ def layer_terms(r: Resolved, moe: bool) -> dict[str, float]:
     else:
         t["core_attn"] = tokens * (a.q_width + 2 * a.kv_width) / tp * e
         q_width, heads = a.q_width, a.heads
-    softmax = s * (e + 4 if e < 4 else e)  # unfused, bf16 scores: the fp32 softmax output + the bf16 probabilities
+    # unfused, 16-bit scores: the local spec's torch softmax keeps its fp32 output beside the 16-bit probabilities;
+    # TE's unfused attention runs the fused masked-softmax kernel (16-bit in and out, keys up to 16384) and keeps
+    # the probabilities alone
+    fused_softmax = r.impl.te and s <= 16384
+    softmax = s * (e + 4 if e < 4 and not fused_softmax else e)
     t["core_attn_internal"] = tokens * heads / tp * (4 if flash else softmax)
     # the output, kept by the attention; delayed scaling's projection keeps a quantized copy too
     delayed = bool(cfg.precision.fp8) and cfg.precision.fp8_recipe == "delayed"

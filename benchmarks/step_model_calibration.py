@@ -70,8 +70,8 @@ FREE = {
 }
 # What the hardware's kernels and collectives sustain, measured outside this dataset: name -> (value, sd of its log).
 # The fit is a maximum a posteriori estimate under these priors: the MoE rows alone cannot tell the dense GEMM rate
-# from the terms beside it (fitted freely on every source but vTrain's, the bf16 GEMM rate runs to 0.95 without the
-# GPT-OSS rows and to 0.43 with them), so a fraction the data does not pin stays near what kernels are measured at.
+# from the terms beside it (fitted freely on every source but vTrain's, the bf16 GEMM rate ran from 0.43 of the peak
+# with the GPT-OSS rows to 0.95 without them), so a fraction the data does not pin stays near what kernels measure.
 PRIOR = {
     # of the best-shape matmul rate the hardware preset declares (hardware.matmul_tflops_*: mamf-finder's
     # measurements, 0.73-0.87 of the datasheet peak): a layer's GEMMs, smaller and with epilogues, at about 0.8 of it

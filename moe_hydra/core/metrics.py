@@ -40,15 +40,23 @@ def peak_tflops(hardware: Any, precision: Any) -> tuple[float | None, str | None
     return (float(value), f"hardware.{field}") if value else (None, None)
 
 
+# The share of its datasheet peak a GPU's best-shape matmul reaches where the preset declares no measurement: about
+# what mamf-finder measures on NVIDIA's (A100 0.87, H100 0.80, B200 0.78, GB200 0.73; AMD's run lower)
+UNMEASURED_MATMUL_SHARE = 0.8
+
+
 def matmul_tflops(hardware: Any, precision: Any) -> float | None:
     """The best-shape GEMM rate of the compute precision: ``hardware.matmul_tflops_bf16`` / ``_fp8`` (measured),
-    FP4 at the FP8 measurement's fraction of its peak; the dense peak where nothing is measured."""
+    FP4 at the FP8 measurement's share of its peak; :data:`UNMEASURED_MATMUL_SHARE` of the peak where nothing is
+    measured. None without a peak."""
     peak, _ = peak_tflops(hardware, precision)
     if precision.fp4 or precision.fp8:
         measured, of = hardware.matmul_tflops_fp8, hardware.peak_tflops_fp8
     else:
         measured, of = hardware.matmul_tflops_bf16, hardware.peak_tflops_bf16
-    return peak * measured / of if peak and measured and of else peak
+    if not peak:
+        return None
+    return peak * measured / of if measured and of else peak * UNMEASURED_MATMUL_SHARE
 
 
 def window_steps(records: list[StepRecord], window: list[int]) -> list[StepRecord]:

@@ -149,7 +149,7 @@ class HardwareConfig:
     # Maximum achievable matmul TFLOP/s per device: the best-shape bf16 / FP8 GEMM as measured (mamf-finder,
     # ml-engineering's comparison table). The step model's GEMM fractions are of this rate, so one fitted
     # fraction carries across GPUs whose GEMMs reach different fractions of their datasheet peak (A100 0.87,
-    # H100 0.80, B200 0.78, GB200 0.73). null = not measured: the peak stands in.
+    # H100 0.80, B200 0.78, GB200 0.73). null = not measured: 0.8 of the peak.
     matmul_tflops_bf16: Optional[float] = None
     matmul_tflops_fp8: Optional[float] = None
     # Bidirectional NVLink bandwidth per device, GB/s.
@@ -485,7 +485,7 @@ class StepModelConfig:
     left out of the fit; refit them to your cluster's screening runs."""
 
     # Fitted: dense GEMMs (attention projections, dense/shared MLPs, logits) in bf16, fraction of the best-shape
-    # matmul rate (hardware.matmul_tflops_bf16; the peak where it is not declared);
+    # matmul rate (hardware.matmul_tflops_bf16; 0.8 of the peak where it is not declared);
     gemm_efficiency: float = 0.806
     # core (flash) attention, forward + backward, fraction of the bf16 peak;
     attention_efficiency: float = 0.552

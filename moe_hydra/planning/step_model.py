@@ -8,7 +8,7 @@ the hardware's peaks (for GEMMs its measured best-shape matmul rates) times the 
               of it (:meth:`StepModel.recompute_factors`, per ``recompute_modules`` entry as Megatron-Core
               checkpoints it): dense GEMMs (attention projections, dense and shared MLPs, logits) at
               gemm_efficiency x the hardware's best-shape bf16 matmul rate (hardware.matmul_tflops_bf16, measured;
-              the peak where it is not declared), or low_precision_gemm_efficiency x the FP8 one; core attention
+              0.8 of the peak where none is declared), or low_precision_gemm_efficiency x the FP8 one; core attention
               at attention_efficiency x the bf16 peak (unfused_attention_efficiency where the unfused kind runs:
               no Transformer Engine, or kernels.attention_backend=unfused | local), a sliding window's layers
               charged for the keys it admits (flops.swa_discounted); routed experts at the GEMM rate x
@@ -152,7 +152,7 @@ class StepModel:
         # seconds per token at the sustained rates: dense GEMMs (at the precision's peak), core attention (bf16:
         # the recipes keep it out of FP8); experts apart (their rate depends on the layout)
         bf16 = (hw.peak_tflops_bf16 or NOMINAL_TFLOPS) * 1e12
-        # GEMMs at a fraction of the best-shape matmul rate measured on the hardware (the peak where none is)
+        # GEMMs at a fraction of the best-shape matmul rate measured on the hardware (0.8 of the peak where none is)
         matmul = (metrics.matmul_tflops(hw, cfg.precision) or NOMINAL_TFLOPS) * 1e12
         low_precision = cfg.precision.fp8 or cfg.precision.fp4
         gemm = matmul * (k.low_precision_gemm_efficiency if low_precision else k.gemm_efficiency)

@@ -93,8 +93,10 @@ def _diff(runs, a, b, *extra) -> str:
 
 
 def test_diff_names_communication_when_it_moved(runs):
-    """One process (no communication) against EP2's all-to-all: communication moved, by what profile.json says."""
-    text = _diff(runs, "ep1", "alltoall", "--noise-floor", "0.05")
+    """One process (no communication) against EP2's all-to-all: communication moved, by what profile.json says. The
+    floor is 2 % of the one-process step: gloo's all-to-all is about a tenth of a CPU step and varies from step to
+    step, so at 5 % of a slow machine's 740 ms step its interval's low end (+34 ms) fell inside the floor."""
+    text = _diff(runs, "ep1", "alltoall", "--noise-floor", "0.02")
     which = next(line for line in text.splitlines() if "which moved" in line)
     assert "communication +" in which.split("unchanged")[0], text
     comm = [statistics.fmean(profile(runs[k])["slowest_rank"]["per_step_ms"]["communication_ms"])

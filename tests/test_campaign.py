@@ -329,7 +329,7 @@ def test_repeat_auto_runs_one_round_per_detached_invocation_until_decided(tmp_pa
     ``sweep wait``, keeps the rounds that ran, looks, and queues the next, until the verdict (2 vs 16 sequences a
     micro-batch: two to several times the step time, by machine). The noise file is a generous 20 %, so the first
     look is after round 1 and, for a ratio from 1.4 to 10, the verdict comes at round 2 or 3 (at 10 % a ratio of 3
-    decided at round 1 on a faster machine, and the next invocation had nothing left to queue)."""
+    decided at round 1 on a slower machine, whose ratio was larger, and the next invocation had nothing to queue)."""
     noise = tmp_path / "noise.json"
     noise.write_text(json.dumps({"source": "measured", "run_to_run_noise": 0.20, "df": 10, "runs": 11,
                                  "step_noise": 0.20}))

@@ -56,7 +56,9 @@ class Batch:
                 "micro_batches_per_step": self.micro_batches_per_step, "tokens_per_step": self.tokens_per_step}
 
 
-# kernels.attention_backend values that run a fused attention kernel under Transformer Engine (no score matrix kept)
+# kernels.attention_backend: Megatron-Core's AttnBackend names; those that run a fused attention kernel under
+# Transformer Engine (no score matrix kept)
+ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
 FUSED_ATTENTION = ("auto", "flash", "fused")
 
 

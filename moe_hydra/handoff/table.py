@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moe_hydra.core.pipeline import stage_count
+from moe_hydra.core.resolved import ATTENTION_BACKENDS
 
 MEGATRON_LM = "Megatron-LM core_v0.16.1"
 
@@ -1015,7 +1016,7 @@ TABLE: tuple[Entry, ...] = (
     value("kernels.cuda_graph_impl", type=str, absent="none", choices=("none", "local", "transformer_engine"),
           group="kernels", doc="CUDA graphs (full_iteration: no such choice at core_v0.16.1)"),
     _cuda_graph_scope(),
-    value("kernels.attention_backend", type=str, absent="auto", choices=("auto", "flash", "fused", "unfused", "local"),
+    value("kernels.attention_backend", type=str, absent="auto", choices=ATTENTION_BACKENDS,
           group="kernels", doc="attention kernels: TE's fused (auto, flash, fused) or unfused, or Megatron-Core's local"),
     switch("overlap.overlap_grad_reduce", bridge="ddp", group="overlap", doc="DP gradient reduce overlap"),
     switch("overlap.overlap_param_gather", bridge="ddp", group="overlap", doc="parameter all-gather overlap"),

@@ -10,6 +10,7 @@ from typing import Any
 
 from moe_hydra.core.arch import parse_moe_layer_freq
 from moe_hydra.core.pipeline import expand_layout
+from moe_hydra.core.resolved import ATTENTION_BACKENDS
 from moe_hydra.planning.rules.base import DISPATCHER_READS, Ctx, V, _divisors, _fmt, _list, rule
 
 # --------------------------------------------------------------------------- schema values (S)
@@ -30,7 +31,7 @@ _CHOICES = {
     "recompute.recompute_granularity": (None, "selective", "full"),
     "recompute.recompute_method": (None, "uniform", "block"),
     "kernels.cuda_graph_impl": ("none", "local", "transformer_engine", "full_iteration"),
-    "kernels.attention_backend": ("auto", "flash", "fused", "unfused", "local"),
+    "kernels.attention_backend": ATTENTION_BACKENDS,
     "optimizer.optimizer": ("adam", "sgd", "muon"),
     "data.kind": ("mock", "megatron"),
     "profile.name": ("none", "window"),

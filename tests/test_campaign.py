@@ -290,8 +290,9 @@ def test_a_time_limit_requeues_then_ends_timeout_with_its_attempts(campaign):
 
 def test_a_node_down_under_a_point_is_never_a_success(campaign):
     d = campaign["dirs"]["down"]
-    detach(d, "launcher.partition=multi", "launcher.cpus_per_task=2", "train.train_iters=200", "contract.window=[2,200]",
-           "repeat=0,1,2")  # two CPUs a point: one point a node
+    iters = 100  # long enough to take the node down mid-run; the requeued attempt runs them all again
+    detach(d, "launcher.partition=multi", "launcher.cpus_per_task=2", f"train.train_iters={iters}",
+           f"contract.window=[2,{iters}]", "repeat=0,1")  # two CPUs a point: one point a node, one on each
 
     def victim():
         now = states(d)
@@ -313,7 +314,7 @@ def test_a_node_down_under_a_point_is_never_a_success(campaign):
     if final[num]["state"] == "COMPLETED":  # requeued after the node failure: a second, whole attempt
         first = results(d, num)["attempts"][0]
         assert first["requeued"] is True and first["outcome"] != "completed"
-        assert results(d, num)["steps"] == 200
+        assert results(d, num)["steps"] == iters
     else:
         assert final[num]["state"] == "NODE_FAIL" and w.returncode == 1
 

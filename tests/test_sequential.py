@@ -198,6 +198,7 @@ def run_auto(tmp_path: Path, *args: str, timeout: int = 900) -> subprocess.Compl
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_real_runs_repeat_auto_detects_more_work_per_step(tmp_path):
     """tiny_moe with 2 vs 16 sequences a micro-batch (8 times the tokens a step, about twice the step time on a CPU):
     repeat=auto stops at slower within compare.max_repeats runs per arm, each round's runs in the sweep directory.

@@ -51,3 +51,9 @@ def cli(tmp_path):
         return run_cli(f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/multi", *args, cwd=tmp_path, **kw)
 
     return _run
+
+
+def pytest_collection_modifyitems(config, items):
+    """test_slurm first: its sweeps mostly wait on the cluster, so `make test`'s parallel part (a file a worker, in
+    this order) overlaps them with the CPU-bound files instead of ending on them."""
+    items.sort(key=lambda item: item.path.name != "test_slurm.py")

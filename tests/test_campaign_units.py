@@ -322,3 +322,37 @@ def test_the_command_without_a_sweep_is_exit_2(tmp_path):
     r = subprocess.run([sys.executable, "-m", "moe_hydra.sweep", "wait", str(tmp_path)], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 2 and "no sweep.json" in r.stderr
+
+
+def test_slurmctlds_word_on_a_job_still_out_is_newer_than_saccts(tmp_path, monkeypatch):
+    """sacct reads the accounting database, which slurmctld fills asynchronously: a point training for a minute
+    can still be PENDING there. squeue's word (slurmctld's) decides for the jobs sacct calls out; a job squeue no
+    longer lists keeps sacct's word, and a job sacct says ended is not asked about."""
+    said = {"7_0": {"State": "PENDING"}, "7_1": {"State": "PENDING"}, "7_2": {"State": "COMPLETED"}}
+    asked = []
+
+    class Watcher:
+        _last_status_check = 0
+
+        def update(self):
+            pass
+
+        def get_info(self, job_id, mode):
+            return said[job_id]
+
+    class Job(_Job):
+        watcher = Watcher()
+
+        def __init__(self, folder, job_id):
+            super().__init__(folder, job_id)
+            self.job_id = job_id
+
+    monkeypatch.setattr(sweep, "job_class", lambda: Job)
+    monkeypatch.setattr(sweep, "slurm_job", lambda p: Job(tmp_path / ".submitit" / "%j", p.slurm_job_id))
+    monkeypatch.setattr(sweep, "queued", lambda ids: asked.extend(ids) or {"7_0": {"State": "RUNNING",
+                                                                                  "NodeList": "localhost2"}})
+    pts = [_point(tmp_path, num)[0] for num in range(3)]
+    sweep.refresh(pts)
+    assert sorted(asked) == ["7_0", "7_1"]
+    assert [p.state for p in pts[:2]] == ["RUNNING", "PENDING"] and pts[0].nodes == "localhost2"
+    assert pts[2].state == "FAILED"  # sacct's COMPLETED without results.json or pickle

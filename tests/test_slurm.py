@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -121,3 +122,30 @@ def test_site_file_sends_a_plain_command_to_slurm(tmp_path):
     (p,) = points(tmp_path).values()
     assert p["state"] == "COMPLETED" and p["slurm_job_id"]
     assert json.loads((tmp_path / "sweep" / "0" / "results.json").read_text())["world_size"] == 2
+
+
+def test_squeue_tells_the_jobs_still_out_and_nothing_of_the_rest():
+    """``state.queued`` against slurmctld: an array's running and pending tasks by their sacct ids, and nothing
+    for a job that has left the queue (squeue's exit code 1 when it knows none of them)."""
+    from moe_hydra.launch.state import queued
+
+    def sbatch(*args: str) -> str:
+        return subprocess.run(["sbatch", "--parsable", "-p", "debug", "-o", "/dev/null", *args], capture_output=True,
+                              text=True, check=True).stdout.strip()
+
+    def until(predicate) -> None:
+        deadline = time.monotonic() + 60
+        while not predicate() and time.monotonic() < deadline:
+            time.sleep(0.5)
+
+    gone = sbatch("-c", "1", "--wrap", "true")
+    until(lambda: not queued([gone]))
+    array = sbatch("-c", "2", "--array=0-1%1", "--wrap", "sleep 60")
+    try:
+        until(lambda: queued([f"{array}_0"]).get(f"{array}_0", {}).get("State") == "RUNNING")
+        now = queued([f"{array}_0", f"{array}_1", gone])
+        assert now == {f"{array}_0": {"State": "RUNNING", "NodeList": "localhost"},
+                       f"{array}_1": {"State": "PENDING", "NodeList": ""}}, now
+        assert queued([gone]) == {}
+    finally:
+        subprocess.run(["scancel", array], capture_output=True)

@@ -32,6 +32,7 @@ import fcntl
 import os
 import re
 import shutil
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -57,6 +58,7 @@ SWEEP_VERSION = 2
 # then at most every POLL_S; submitit.helpers.monitor_jobs refuses to poll more often than every 30 s
 POLL_S = 30
 SACCT_FIELDS = "JobID,State,NodeList,Elapsed,Start,ExitCode"
+SQUEUE_FORMAT = "%i|%T|%N"  # with -r: one line per array task, <array id>_<task>, as sacct's JobID
 STEP_LINE = re.compile(rb"^step\s+(\d+)\s+loss", re.MULTILINE)  # rank 0's metric lines (moe_hydra.core.metrics)
 ATTEMPT_ENDS = (b"moe_hydra: stopped by", b" CANCELLED AT ")  # the run's own last line; slurmstepd's on a requeue
 
@@ -388,6 +390,27 @@ def job_class():
     return _JOB_CLASS
 
 
+def state_word(info: dict[str, str]) -> str:
+    """The state in a sacct or squeue row, without what follows it ("CANCELLED by 0"); UNKNOWN without one."""
+    return ((info.get("State") or "UNKNOWN").split() or ["UNKNOWN"])[0]
+
+
+def queued(job_ids: list[str]) -> dict[str, dict[str, str]]:
+    """What slurmctld says now of these jobs, in one ``squeue`` call: {job id: {State, NodeList}} for those still
+    in its queue. sacct reads the accounting database, which slurmctld fills asynchronously: on a loaded
+    controller it can say PENDING of a job that has been training for a minute. A job squeue does not list has
+    left the queue (sacct tells how it ended); {} when squeue cannot be asked (sacct's word stands)."""
+    if not job_ids or shutil.which("squeue") is None:
+        return {}
+    try:  # exit code 1 when none of the ids is still known
+        out = subprocess.run(["squeue", "-h", "-r", "-j", ",".join(job_ids), "-o", SQUEUE_FORMAT],
+                             capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    rows = (line.split("|") for line in out.splitlines() if line.count("|") == 2)
+    return {job: {"State": state, "NodeList": nodes} for job, state, nodes in rows}
+
+
 _JOBS: dict[tuple[str, str], Any] = {}
 
 
@@ -479,7 +502,7 @@ def settle(p: Point, info: dict[str, str], job, checked_at: float | None = None)
     res = complete(read[0])
     attempts = read_attempts(point_dir)
     p.attempts = len(attempts) or p.attempts
-    slurm = ((info.get("State") or "UNKNOWN").split() or ["UNKNOWN"])[0]
+    slurm = state_word(info)
     p.nodes = info.get("NodeList") if info.get("NodeList") not in (None, "", "None assigned") else p.nodes
     p.elapsed_s = _seconds(info.get("Elapsed")) if info.get("Elapsed") else p.elapsed_s
     pickled = _pickled(job)
@@ -557,12 +580,17 @@ def refresh(points: list[Point], slurm: bool = True, force: bool = True, afresh:
         else:
             watcher.update_if_long_enough("standard")
         checked_at = watcher._last_status_check if watcher._last_status_check > 0 else None
+    infos = {num: dict(job.watcher.get_info(job.job_id, mode="cache")) if slurm else {} for num, job in jobs.items()}
+    out = {job.job_id: num for num, job in jobs.items()
+           if slurm and state_word(infos[num]) in (*ACTIVE_STATES, "UNKNOWN")}
+    for job_id, now in queued(list(out)).items():  # slurmctld's word on the jobs still out is the newer one
+        if job_id in out:
+            infos[out[job_id]].update({k: v for k, v in now.items() if v})
     for p in points:
         read = point_results(Path(p.dir))
         res = complete(read[0])
         if p.num in jobs:
-            info = jobs[p.num].watcher.get_info(jobs[p.num].job_id, mode="cache") if slurm else {}
-            settle(p, info, jobs[p.num], checked_at)
+            settle(p, infos[p.num], jobs[p.num], checked_at)
         elif res:
             p.state = p.state if p.state == "KEPT" else "COMPLETED"
             fill_from_results(p, res)

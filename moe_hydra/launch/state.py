@@ -2,7 +2,8 @@
 
 A point's state comes from what it left behind (``results.json``, ``violations.json``, submitit's result pickle,
 ``attempts.json``) and, on Slurm, from Slurm itself through submitit's own job objects (``SlurmJob(folder,
-id)``, one ``sacct`` for every job of the sweep through its watcher's cache) — never from a log line that says
+id)``, one ``sacct`` for every job of the sweep through its watcher's cache, and one ``squeue`` for those it
+calls still out: :func:`queued`) — never from a log line that says
 "completed", and never from the memory of the process that submitted it: a campaign is followed from another
 shell, another login, after the submitting process is gone.
 

@@ -245,7 +245,9 @@ def test_cancel_ends_what_is_queued_and_running(campaign):
     c = sweep("cancel", d)
     assert c.returncode == 0 and "cancelled 2 point(s)" in c.stdout, c.stdout + c.stderr
     until(lambda: set(states(d).values()) == {"CANCELLED"}, 90, what="both points CANCELLED")
-    res = results(d, 0)  # the running point recorded the steps it measured
+    # the running point records the steps it measured as it stops; slurmctld may call it CANCELLED first
+    until(lambda: (d / "0" / "results.json").exists(), 60, every=1, what="the cancelled point's results.json")
+    res = results(d, 0)
     assert res["status"] == "terminated" and res["signal"] == "SIGTERM" and res["steps"] >= 2
     assert sweep("wait", d).returncode == 1
 

@@ -327,7 +327,8 @@ def test_the_command_without_a_sweep_is_exit_2(tmp_path):
 def test_slurmctlds_word_on_a_job_still_out_is_newer_than_saccts(tmp_path, monkeypatch):
     """sacct reads the accounting database, which slurmctld fills asynchronously: a point training for a minute
     can still be PENDING there. squeue's word (slurmctld's) decides for the jobs sacct calls out; a job squeue no
-    longer lists keeps sacct's word, and a job sacct says ended is not asked about."""
+    longer lists keeps sacct's word, and a job sacct says ended is not asked about. squeue is asked when sacct is
+    (at the watcher's pace), not at every look at the files."""
     said = {"7_0": {"State": "PENDING"}, "7_1": {"State": "PENDING"}, "7_2": {"State": "COMPLETED"}}
     asked = []
 
@@ -335,7 +336,10 @@ def test_slurmctlds_word_on_a_job_still_out_is_newer_than_saccts(tmp_path, monke
         _last_status_check = 0
 
         def update(self):
-            pass
+            self._last_status_check += 1
+
+        def update_if_long_enough(self, mode):
+            pass  # not long enough: sacct is not asked, so neither is squeue
 
         def get_info(self, job_id, mode):
             return said[job_id]
@@ -356,3 +360,5 @@ def test_slurmctlds_word_on_a_job_still_out_is_newer_than_saccts(tmp_path, monke
     assert sorted(asked) == ["7_0", "7_1"]
     assert [p.state for p in pts[:2]] == ["RUNNING", "PENDING"] and pts[0].nodes == "localhost2"
     assert pts[2].state == "FAILED"  # sacct's COMPLETED without results.json or pickle
+    sweep.refresh(pts, force=False)  # wait's look at the files between sacct's polls: squeue's answer kept
+    assert sorted(asked) == ["7_0", "7_1"] and pts[0].state == "RUNNING"

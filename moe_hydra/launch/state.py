@@ -413,6 +413,7 @@ def queued(job_ids: list[str]) -> dict[str, dict[str, str]]:
 
 
 _JOBS: dict[tuple[str, str], Any] = {}
+_QUEUED: dict[str, dict[str, str]] = {}  # squeue's last answer: asked whenever the watcher asks sacct
 
 
 def slurm_job(p: Point):
@@ -571,9 +572,10 @@ def refresh(points: list[Point], slurm: bool = True, force: bool = True, afresh:
     end included (Slurm may have requeued one since)."""
     live = [p for p in points if p.slurm_job_id and p.state not in FINAL_CACHED]
     jobs = {p.num: slurm_job(p) for p in live}
-    checked_at = None
+    checked_at, asked = None, False
     if slurm and jobs:
         watcher = job_class().watcher
+        before = watcher._last_status_check
         if afresh:
             watcher.clear()
         if force or afresh:
@@ -581,12 +583,15 @@ def refresh(points: list[Point], slurm: bool = True, force: bool = True, afresh:
         else:
             watcher.update_if_long_enough("standard")
         checked_at = watcher._last_status_check if watcher._last_status_check > 0 else None
+        asked = force or afresh or watcher._last_status_check != before
     infos = {num: dict(job.watcher.get_info(job.job_id, mode="cache")) if slurm else {} for num, job in jobs.items()}
     out = {job.job_id: num for num, job in jobs.items()
            if slurm and state_word(infos[num]) in (*ACTIVE_STATES, "UNKNOWN")}
-    for job_id, now in queued(list(out)).items():  # slurmctld's word on the jobs still out is the newer one
-        if job_id in out:
-            infos[out[job_id]].update({k: v for k, v in now.items() if v})
+    if asked:  # at sacct's pace, not at every look at the files
+        _QUEUED.clear()
+        _QUEUED.update(queued(list(out)))
+    for job_id, num in out.items():  # slurmctld's word on the jobs still out is the newer one
+        infos[num].update({k: v for k, v in _QUEUED.get(job_id, {}).items() if v})
     for p in points:
         read = point_results(Path(p.dir))
         res = complete(read[0])

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_slurm import _slurm_up
+from tests.test_slurm import _slurm_up, until
 
 _reason = _slurm_up()
 if _reason is None:
@@ -71,16 +71,6 @@ def states(sweep_dir: Path) -> dict[int, str]:
     r = sweep("status", sweep_dir)
     assert r.returncode in (0, 1), r.stderr[-2000:]
     return {n: p["state"] for n, p in points(sweep_dir).items()}
-
-
-def until(predicate, timeout: float, every: float = 2.0, what: str = ""):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}")
 
 
 def last_step(sweep_dir: Path, num: int) -> int:

@@ -39,6 +39,17 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(_reason is not None, reason=_
 SLURM = ["launcher=slurm", "launcher.signal_delay_s=20", "launcher.timeout_min=10", "logger=none"]
 
 
+def until(predicate, timeout: float, every: float = 2.0, what: str = ""):
+    """Poll ``predicate`` every ``every`` s until it returns something true (returned), or fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what or predicate}")
+
+
 def sweep(tmp_path, *args, wait=True, timeout=600):
     cmd = [sys.executable, "-m", "moe_hydra", f"hydra.sweep.dir={tmp_path}/sweep", *SLURM, *args, "-m"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -133,16 +144,12 @@ def test_squeue_tells_the_jobs_still_out_and_nothing_of_the_rest():
         return subprocess.run(["sbatch", "--parsable", "-p", "debug", "-o", "/dev/null", *args], capture_output=True,
                               text=True, check=True).stdout.strip()
 
-    def until(predicate) -> None:
-        deadline = time.monotonic() + 60
-        while not predicate() and time.monotonic() < deadline:
-            time.sleep(0.5)
-
     gone = sbatch("-c", "1", "--wrap", "true")
-    until(lambda: not queued([gone]))
+    until(lambda: not queued([gone]), 60, every=0.5, what="the finished job to leave the queue")
     array = sbatch("-c", "2", "--array=0-1%1", "--wrap", "sleep 60")
     try:
-        until(lambda: queued([f"{array}_0"]).get(f"{array}_0", {}).get("State") == "RUNNING")
+        until(lambda: queued([f"{array}_0"]).get(f"{array}_0", {}).get("State") == "RUNNING", 60, every=0.5,
+              what="the array's first task to run")
         now = queued([f"{array}_0", f"{array}_1", gone])
         assert now == {f"{array}_0": {"State": "RUNNING", "NodeList": "localhost"},
                        f"{array}_1": {"State": "PENDING", "NodeList": ""}}, now

@@ -163,6 +163,9 @@ CASES = [
      r"does not split sequences over context-parallel ranks \(CP 2\)"),
     ("J02", ["stage=run", "optimizer.optimizer=muon"], r"Muon is planned and searched, not run"),
     ("P01", ["precision.fp8_param_gather=true"], r"fp8_param_gather keeps FP8 weights, so it needs an fp8 recipe"),
+    ("P01", [H100, "precision.fp8_dot_product_attention=true"], r"fp8_dot_product_attention .* needs an fp8 recipe"),
+    ("P01", [H100, "precision=fp8_tensorwise", "precision.fp8_dot_product_attention=true",
+             "kernels.attention_backend=unfused"], r"fused attention \(precision fp8_tensorwise, attention unfused\)"),
     # data (D): the blend and split anywhere; the files for stage=run
     ("D01", ["data.kind=megatron"], r"data\.kind=megatron needs data\.path"),
     ("D01", [f"data.path=[{DS['bytes']}]"], r"data\.path is read by data\.kind=megatron only"),

@@ -128,7 +128,7 @@ DOMAINS: dict[str, tuple[float, float]] = {
     "step_model.low_precision_gemm_efficiency": EFFICIENCY,
     "step_model.cuda_graph_host_fraction": FRACTION,
     "step_model.host_ms_per_dense_layer": (0.0, 1e6),
-    "step_model.unfused_attention_efficiency": EFFICIENCY,
+    "step_model.unfused_attention_bytes_per_score": (0.0, 1e6),
     "step_model.host_ms_per_local_expert": (0.0, 1e6),
     "step_model.hbm_efficiency": EFFICIENCY,
     "step_model.gpu_ms_per_moe_layer": (0.0, 1e6),

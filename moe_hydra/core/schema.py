@@ -187,6 +187,9 @@ class PrecisionConfig:
     # Keep the weights in FP8 (Megatron-Core's fp8_param; the parameter all-gather moves FP8): 1 byte a weight, the
     # distributed optimizer's fp32 master copy unchanged. Needs an fp8 recipe.
     fp8_param_gather: bool = False
+    # Core attention in FP8 too (Megatron-Core's fp8_dot_product_attention): Transformer Engine's fused attention on
+    # the FP8 tensor cores. Needs an fp8 recipe and TE's fused attention.
+    fp8_dot_product_attention: bool = False
 
 
 @dataclass(kw_only=True, slots=True)
@@ -486,32 +489,33 @@ class StepModelConfig:
 
     # Fitted: dense GEMMs (attention projections, dense/shared MLPs, logits) in bf16, fraction of the best-shape
     # matmul rate (hardware.matmul_tflops_bf16; 0.8 of the peak where it is not declared);
-    gemm_efficiency: float = 0.806
+    gemm_efficiency: float = 0.796
     # core (flash) attention, forward + backward, fraction of the bf16 peak;
-    attention_efficiency: float = 0.552
+    attention_efficiency: float = 0.551
     # collectives and the all-to-all over the scale-out NIC, fraction of its bandwidth;
-    scaleout_efficiency: float = 0.779
+    scaleout_efficiency: float = 0.782
     # rows per expert GEMM at which grouped expert GEMMs run at half the dense GEMM rate;
-    expert_rows_half: float = 1690.0
+    expert_rows_half: float = 1579.0
     # collectives and the all-to-all inside the NVLink domain, fraction of half the bidirectional bandwidth;
     nvlink_efficiency: float = 0.746
     # host time per MoE layer per micro-batch, forward + backward (launches, the dispatcher's syncs);
     host_ms_per_moe_layer: float = 11.7
     # the fraction of the all-to-all that EP overlap hides under another micro-batch's compute;
-    ep_overlap_efficiency: float = 0.783
+    ep_overlap_efficiency: float = 0.756
     # GEMMs in FP8 / MXFP8 / NVFP4: fraction of that precision's best-shape matmul rate (hardware.matmul_tflops_fp8;
     # FP4 at its fraction of the peak), quantisation kernels included;
-    low_precision_gemm_efficiency: float = 0.63
+    low_precision_gemm_efficiency: float = 0.635
     # host time CUDA graphs of a partial scope leave (kernels.cuda_graph_scope; a whole-iteration graph
     # leaves none), fraction of the above;
-    cuda_graph_host_fraction: float = 0.701
+    cuda_graph_host_fraction: float = 0.721
     # GPU time per MoE layer per micro-batch, forward + backward, in its small kernels (router, top-k,
     # permutation indices and counts) that run at no GEMM or bandwidth rate;
-    gpu_ms_per_moe_layer: float = 2.61
-    # unfused core attention (no Transformer Engine, or attention_backend unfused / local), fraction of the bf16
-    # peak: memory-bound (the full score matrix's softmax and dropout through HBM, about 30 B per score, forward
-    # and backward), vTrain's A100 runs and the H200 slice.
-    unfused_attention_efficiency: float = 0.0743
+    gpu_ms_per_moe_layer: float = 2.85
+    # unfused core attention (no Transformer Engine, or attention_backend unfused / local): HBM bytes each score of
+    # the full matrix moves through the kernels between its two GEMMs, forward + backward (prior 30: the scores
+    # written, scaled, masked and softmaxed, dropped out with a 1-byte mask, read by the second GEMM; the same
+    # backward); vTrain's A100 runs and the H200 slice.
+    unfused_attention_bytes_per_score: float = 30.5
     # Priors (the dataset does not decide them): a dense layer launches about a quarter of a MoE layer's
     # kernels and has no dispatcher sync;
     host_ms_per_dense_layer: float = 2.5

@@ -66,6 +66,7 @@ def transformer_config_kwargs(resolved: Resolved, mcore: McoreFacts, *, on_gpu: 
         fp8=pr.fp8,
         fp8_recipe=pr.fp8_recipe if pr.fp8 else "delayed",
         fp8_param=pr.fp8_param_gather,
+        fp8_dot_product_attention=pr.fp8_dot_product_attention,
         fp4=pr.fp4,
         fp4_recipe=pr.fp4_recipe if pr.fp4 else "nvfp4",
         # recompute / offload

@@ -9,11 +9,14 @@ the hardware's peaks (for GEMMs its measured best-shape matmul rates) times the 
               checkpoints it): dense GEMMs (attention projections, dense and shared MLPs, logits) at
               gemm_efficiency x the hardware's best-shape bf16 matmul rate (hardware.matmul_tflops_bf16, measured;
               0.8 of the peak where none is declared), or low_precision_gemm_efficiency x the FP8 one; core attention
-              at attention_efficiency x the bf16 peak (unfused_attention_efficiency where the unfused kind runs:
-              no Transformer Engine, or kernels.attention_backend=unfused | local), a sliding window's layers
-              charged for the keys it admits (flops.swa_discounted); routed experts at the GEMM rate x
-              r / (r + expert_rows_half), r = rows each expert GEMM gets per micro-batch (EP x ETP x rows x
-              top-k / experts): small grouped GEMMs run below the dense rate. Or,
+              at attention_efficiency x the bf16 peak (with precision.fp8_dot_product_attention faster by what the
+              FP8 GEMMs gain over bf16), a sliding window's layers charged for the keys it admits
+              (flops.swa_discounted); where the unfused kind runs (no Transformer Engine, or
+              kernels.attention_backend=unfused | local) the full score matrix instead: its two GEMMs over every
+              key at the bf16 GEMM rate, and unfused_attention_bytes_per_score through HBM for each score
+              (heads x sequence x layers per token) at hbm_efficiency x the HBM bandwidth; routed experts at the
+              GEMM rate x r / (r + expert_rows_half), r = rows each expert GEMM gets per micro-batch (EP x ETP x
+              rows x top-k / experts): small grouped GEMMs run below the dense rate. Or,
               whichever is slower, the weights streamed from HBM for every micro-batch (12 B per parameter).
               Plus the kernels between the GEMMs, memory-bound: the activation bytes they move per token
               (:func:`elementwise_bytes`) at hbm_efficiency x the HBM bandwidth; and gpu_ms_per_moe_layer per
@@ -89,10 +92,10 @@ CALIBRATION = ("sustained fractions fitted (benchmarks/step_model_calibration.py
 # ratio of two rows of one model, cluster and source (what choosing between layouts needs).
 # benchmarks/step_model_calibration.py prints them; tests/test_calibration.py recomputes them.
 HELD_OUT = {"scheme": "leave one source out", "sources": 8, "rows": 191,
-            "median": 0.116, "p90": 0.332, "worst": 0.816,
-            "moe": {"rows": 82, "median": 0.147, "p90": 0.400, "worst": 0.816},
-            "dense": {"rows": 109, "median": 0.110, "p90": 0.188, "worst": 0.636},
-            "ranking_median": 0.076, "ranking_p90": 0.344}
+            "median": 0.116, "p90": 0.338, "worst": 0.813,
+            "moe": {"rows": 82, "median": 0.148, "p90": 0.412, "worst": 0.813},
+            "dense": {"rows": 109, "median": 0.095, "p90": 0.182, "worst": 0.641},
+            "ranking_median": 0.077, "ranking_p90": 0.345}
 
 
 def interval(seconds: float) -> list[float]:
@@ -158,11 +161,21 @@ class StepModel:
         gemm = matmul * (k.low_precision_gemm_efficiency if low_precision else k.gemm_efficiency)
         self.gemm_s = 1 / gemm
         self.dense_flops = fl.total - fl.routed_experts - fl.attention_core
-        attention = k.attention_efficiency if r.impl.attention == "flash" else k.unfused_attention_efficiency
-        self.attention_s = fl.attention_core / (attention * bf16)
+        bf16_gemm = (hw.matmul_tflops_bf16 or bf16 / 1e12 * metrics.UNMEASURED_MATMUL_SHARE) * 1e12 * k.gemm_efficiency
+        streamed = self.hbm * k.hbm_efficiency
+        if r.impl.attention == "flash":
+            self.attention_s = fl.attention_core / (k.attention_efficiency * bf16)
+            if cfg.precision.fp8 and cfg.precision.fp8_dot_product_attention:
+                # FP8 attention gains over bf16 what the FP8 GEMMs gain over bf16 ones (H100: about 1.6 x, as
+                # FlashAttention-3's FP8 forward over its bf16 one)
+                self.attention_s /= gemm / bf16_gemm
+        else:  # the whole score matrix, mask and window applied to it: its two GEMMs over every key at the dense
+            # GEMM rate (twice the causal count), each score through HBM between them
+            full = flops.flops_per_token(arch, self.seq).attention_core
+            scores = arch.heads * self.seq * arch.blocks
+            self.attention_s = 2 * full / bf16_gemm + scores * k.unfused_attention_bytes_per_score / streamed
         self.expert_flops = fl.routed_experts
         dense_bytes, moe_bytes = elementwise_bytes(arch)  # per token, the non-GEMM kernels' HBM traffic
-        streamed = self.hbm * k.hbm_efficiency
         self.elementwise_s = (dense_bytes / streamed, moe_bytes / streamed)
         self.replicated_s = replicated_bytes(arch) / streamed
         self.layers, self.moe_layers = arch.blocks, arch.moe_blocks

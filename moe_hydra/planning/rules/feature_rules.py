@@ -258,6 +258,12 @@ def p01_precision_hardware(c: Ctx):
         yield V("P01", "fp8_param_gather keeps FP8 weights, so it needs an fp8 recipe",
                 "precision=fp8_tensorwise (or another fp8 preset), or precision.fp8_param_gather=false",
                 precision__fp8_param_gather=True, precision__fp8=None)
+    if pr.fp8_dot_product_attention and (pr.fp8 is None or c.r.impl.attention != "flash"):
+        yield V("P01", "fp8_dot_product_attention runs Transformer Engine's fused attention in FP8, so it needs an fp8 "
+                f"recipe and TE's fused attention (precision {pr.name}, attention {c.r.impl.attention})",
+                "precision.fp8_dot_product_attention=false, or precision=fp8_tensorwise (or another fp8 preset) "
+                "with hardware.transformer_engine=true and kernels.attention_backend=auto",
+                precision__fp8_dot_product_attention=True, precision__fp8=pr.fp8)
     for recipe in (pr.fp8_recipe if pr.fp8 else None, pr.fp4_recipe if pr.fp4 else None):
         if recipe in PRECISION_ARCH and arch not in PRECISION_ARCH[recipe]:
             where = " or ".join(PRECISION_ARCH[recipe])

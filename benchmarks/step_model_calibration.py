@@ -326,16 +326,28 @@ def ranking_error(timed: list[Row], errors: dict[str, float]) -> dict[str, float
     return summary(pairs) if pairs else {"rows": 0}
 
 
+def workloads(timed: list[Row]) -> dict[tuple, list[Row]]:
+    """The rows of one source's workload (model shape, cluster, batch, sequence): the layouts it measured of it."""
+    groups: dict[tuple, list[Row]] = {}
+    for r in timed:
+        groups.setdefault((r.row["source"], r.row["model"], *(r.row.get("extra_overrides") or ()), r.row["gpu"],
+                           r.row["num_gpus"], r.row["seq_length"], r.row["global_batch_size"]), []).append(r)
+    return groups
+
+
+def chosen(timed: list[Row]) -> set[str]:
+    """The rows whose layout their source chose for the workload: a recipe (alone in its workload) or the fastest
+    of the layouts a source measured of it. The others were measured to be compared, slower by design: vTrain's
+    sweeps measured up to 47 layouts of one workload, so at most 10 of them can be in any top 10."""
+    return {min(g, key=lambda r: r.measured).name for g in workloads(timed).values()}
+
+
 def group_choices(timed: list[Row], errors: dict[str, float]) -> list[dict[str, Any]]:
     """Where one source measured several layouts of one workload (model, cluster, batch, sequence): is the measured
     best among the three predicted fastest (held out), and how much slower is the predicted best than the measured
     best?"""
-    groups: dict[tuple, list[Row]] = {}
-    for r in timed:  # one workload: the same model shape, batch and sequence
-        groups.setdefault((r.row["source"], r.row["model"], *(r.row.get("extra_overrides") or ()), r.row["gpu"],
-                           r.row["num_gpus"], r.row["seq_length"], r.row["global_batch_size"]), []).append(r)
     out = []
-    for key, g in groups.items():
+    for key, g in workloads(timed).items():
         if len(g) < 2:
             continue
         predicted = sorted(g, key=lambda r: r.measured * math.exp(errors[r.name]))
@@ -457,10 +469,13 @@ def main() -> None:
               f"predicted best slower by {c['predicted_best_slower']:+.1%}")
     if args.search:
         ranks = search_ranks([r for r in timed if r.cfg.hardware.arch != "cpu"])
-        top10 = sum(1 for v, _ in ranks.values() if v is not None and v <= 10)
-        tied = sum(t for _, t in ranks.values())
-        print(f"\npublished layouts in the search's top 10: {top10} of {len(ranks)} rows; in the tied set screening "
-              f"measures: {tied}; ranks: " + ", ".join(f"{v}{'=' if t else ''}" for v, t in ranks.values()))
+        best = chosen(timed)
+        for label, names in (("every row", list(ranks)), ("chosen by their source", [n for n in ranks if n in best])):
+            top10 = sum(1 for n in names if ranks[n][0] is not None and ranks[n][0] <= 10)
+            tied = sum(ranks[n][1] for n in names)
+            print(f"published layouts in the search's top 10, {label}: {top10} of {len(names)}; in the tied set "
+                  f"screening measures: {tied}")
+        print("ranks (= tied): " + ", ".join(f"{v}{'=' if t else ''}" for v, t in ranks.values()))
     prior = summary([r.error(k) for r in timed])
     print(f"defaults on every row (in-sample for what they were fitted to): median |ln| {prior['median']:.3f}, "
           f"p90 {prior['p90']:.3f}, worst {prior['worst']:.3f}")

@@ -263,8 +263,9 @@ def test_small_expert_gemms_and_the_host_cost_time():
     # GEMMs run at r / (r + expert_rows_half) of the dense rate; the FLOPs are the same
     dense_f, attention_f, expert_f = model.recompute_factors("selective")[:3]
     (between_dense, between_moe), micro_batches = model.elementwise_s, model.gbs // 16  # DP16
-    rest = (model.gbs * model.seq / 256 * (model.dense_flops * dense_f * model.gemm_s + model.attention_s * attention_f
-                                           + between_dense * dense_f + between_moe * expert_f)
+    rest = (model.gbs * model.seq / 256 * (model.dense_flops * dense_f * model.gemm_s + model.logits_s
+                                           + model.attention_s * attention_f + between_dense * dense_f
+                                           + between_moe * expert_f)
             + k.gpu_ms_per_moe_layer * 1e-3 * model.moe_layers / 8 * micro_batches * expert_f)
     rate = {ep: (r := ep * 2048 * 8 / 128) / (r + k.expert_rows_half) for ep in (8, 32)}
     assert (ep8["compute"] - rest) * rate[8] == pytest.approx((ep32["compute"] - rest) * rate[32])

@@ -61,7 +61,9 @@ def test_recompute_costs_the_forward_megatron_re_runs_per_module():
     assert qwen.recompute_factors(("selective", "mla_up_proj"))[0] == 1.0 < dsv3.recompute_factors(
         ("selective", "mla_up_proj"))[0]
     full = qwen.recompute_factors(("full",))
-    assert full[1:] == (4 / 3, 4 / 3, 1.5, 1.5, 4 / 3, 4 / 3) and 1 < full[0] < 4 / 3  # the logits are not re-run
+    # every block's dense GEMMs re-run (the logits, apart, are not); DeepSeek-V3's MTP projection is not either
+    assert full == pytest.approx((4 / 3, 4 / 3, 4 / 3, 1.5, 1.5, 4 / 3, 4 / 3))
+    assert 1 < dsv3.recompute_factors(("full",))[0] < 4 / 3
     # the search's rungs and the plan's node agree: a node and its key give the same factors
     s = search.Search(compose_config("stage=plan", "model=qwen3_235b_a22b", H100))
     for node in s.recompute.values():
@@ -77,6 +79,10 @@ def test_gemms_run_at_the_measured_matmul_rate_of_their_precision_and_attention_
     assert bf16.gemm_s == pytest.approx(1 / (k.gemm_efficiency * 794.5e12))
     assert fp8.gemm_s == pytest.approx(1 / (k.low_precision_gemm_efficiency * 1402.6e12))
     assert fp8.attention_s == bf16.attention_s
+    # the logits stay bf16 (Megatron-Core's output layer is outside the FP8 context)
+    assert fp8.logits_s == bf16.logits_s == pytest.approx(bf16.flops.logits * bf16.gemm_s)
+    assert fp8.dense_flops == bf16.dense_flops == pytest.approx(bf16.flops.total - bf16.flops.logits
+                                                                - bf16.flops.routed_experts - bf16.flops.attention_core)
     # fp8_dot_product_attention: TE's fused attention on the FP8 tensor cores, faster by what FP8 GEMMs gain
     fp8_dpa = StepModel(resolve(compose_config("stage=plan", "model=qwen3_30b_a3b", H100, "precision=fp8_tensorwise",
                                                "precision.fp8_dot_product_attention=true")))
@@ -163,7 +169,7 @@ def test_the_kernels_between_the_gemms_weigh_on_a_narrow_top8_moe_layer_not_on_a
     def share(model):
         m = StepModel(resolve(compose_config("stage=plan", f"model={model}", H100)))
         between = sum(m.elementwise_s)
-        return between / (between + (m.dense_flops + m.expert_flops) * m.gemm_s + m.attention_s)
+        return between / (between + (m.dense_flops + m.expert_flops) * m.gemm_s + m.logits_s + m.attention_s)
 
     assert share("qwen3_30b_a3b") > 0.15 > share("deepseek_v3") > share("gpt3_175b") and share("gpt3_175b") < 0.05
     dense_bytes, moe_bytes = step_model.elementwise_bytes(resolve(compose_config("stage=plan", "model=gpt3_175b")).arch)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 
@@ -43,6 +44,8 @@ def peak_tflops(hardware: Any, precision: Any) -> tuple[float | None, str | None
 # The share of its datasheet peak a GPU's best-shape matmul reaches where the preset declares no measurement: about
 # what mamf-finder measures on NVIDIA's (A100 0.87, H100 0.80, B200 0.78, GB200 0.73; AMD's run lower)
 UNMEASURED_MATMUL_SHARE = 0.8
+# the bf16 compute precision, for the parts that run in bf16 under any recipe (the logits, core attention)
+BF16 = SimpleNamespace(fp8=None, fp4=None)
 
 
 def matmul_tflops(hardware: Any, precision: Any) -> float | None:

@@ -456,10 +456,11 @@ def main() -> None:
     print(f"held out, leave one model out: median |ln| {by_model['median']:.3f}, p90 {by_model['p90']:.3f}, "
           f"worst {by_model['worst']:.3f}")
     rank = ranking_error(timed, held)
-    moe_rank = ranking_error([r for r in timed if r.r.arch.experts], held)
     print(f"ranking (pairs of one model, cluster and source, held out): {rank['rows']} pairs, median |ln| "
-          f"{rank['median']:.3f}, p90 {rank['p90']:.3f}; MoE pairs: {moe_rank['rows']}, median {moe_rank['median']:.3f}, "
-          f"p90 {moe_rank['p90']:.3f}")
+          f"{rank['median']:.3f}, p90 {rank['p90']:.3f}")
+    for kind, moe in (("MoE", True), ("dense", False)):
+        part = ranking_error([r for r in timed if bool(r.r.arch.experts) == moe], held)
+        print(f"  of which {kind}: {part['rows']} pairs, median |ln| {part['median']:.3f}, p90 {part['p90']:.3f}")
     choices = group_choices(timed, held)
     print(f"layout choices ({len(choices)} groups of one source, model and cluster, held out): measured best in the "
           f"predicted top 3 in {sum(c['best_in_top3'] for c in choices)}; predicted best within 5 % of the measured "

@@ -123,11 +123,16 @@ def test_the_held_out_step_time_error_is_what_the_plan_states_and_stays_bounded(
     for name, value in (("median", s["median"]), ("p90", s["p90"]), ("worst", s["worst"]),
                         ("ranking_median", rank["median"]), ("ranking_p90", rank["p90"])):
         assert value == pytest.approx(stated[name], abs=0.01), name
+    assert rank["rows"] == stated["ranking_pairs"]
     for kind, moe in (("moe", True), ("dense", False)):
-        part = calibration.summary([held[r.name] for r in timed if bool(r.r.arch.experts) == moe])
-        assert part["rows"] == stated[kind]["rows"]
+        of_kind = [r for r in timed if bool(r.r.arch.experts) == moe]
+        part = calibration.summary([held[r.name] for r in of_kind])
+        pairs = calibration.ranking_error(of_kind, held)
+        assert part["rows"] == stated[kind]["rows"] and pairs["rows"] == stated[kind]["ranking_pairs"]
         for name in ("median", "p90", "worst"):
             assert part[name] == pytest.approx(stated[kind][name], abs=0.01), (kind, name)
+        for name in ("median", "p90"):
+            assert pairs[name] == pytest.approx(stated[kind][f"ranking_{name}"], abs=0.01), (kind, name)
     assert s["median"] <= 0.13 and s["p90"] <= 0.36 and s["worst"] <= 0.9
     assert stated["moe"]["median"] <= 0.16 and stated["moe"]["p90"] <= 0.42
     assert stated["dense"]["median"] <= 0.12 and stated["dense"]["p90"] <= 0.21

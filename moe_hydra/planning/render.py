@@ -79,8 +79,10 @@ def plan_table(plan: dict[str, Any]):
     if st:
         mfu = f", MFU {st['mfu']:.1%}" if st["mfu"] is not None else ""
         lo, hi = st["interval_s"]
-        t.add_row("predicted step", f"{st['seconds']:.3f} s ({lo:.3g}-{hi:.3g} s: 90 % of held-out runs fall in this "
-                  f"range): {st['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, {st['tflops_per_gpu']:.0f} TFLOP/s/GPU{mfu} "
+        kind = "MoE" if st["interval_of"] == "moe" else "dense"
+        t.add_row("predicted step", f"{st['seconds']:.3f} s ({lo:.3g}-{hi:.3g} s: 90 % of held-out {kind} runs fall in "
+                  f"this range): {st['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, {st['tflops_per_gpu']:.0f} "
+                  f"TFLOP/s/GPU{mfu} "
                   "(moe_hydra.planning.step_model; a ranking aid)")
     _memory_rows(t, plan)
     label = plan["label"] + (f": {'; '.join(plan['label_reasons'])}" if plan["label_reasons"] else "")

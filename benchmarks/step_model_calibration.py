@@ -326,6 +326,15 @@ def ranking_error(timed: list[Row], errors: dict[str, float]) -> dict[str, float
     return summary(pairs) if pairs else {"rows": 0}
 
 
+LABEL = {"moe": "MoE", "dense": "dense"}
+
+
+def by_kind(timed: list[Row]) -> dict[str, list[Row]]:
+    """The MoE rows and the dense ones, under HELD_OUT's keys (``moe``, ``dense``)."""
+    return {kind: [r for r in timed if bool(r.r.arch.experts) == moe]
+            for kind, moe in (("moe", True), ("dense", False))}
+
+
 def workloads(timed: list[Row]) -> dict[tuple, list[Row]]:
     """The rows of one source's workload (model shape, cluster, batch, sequence): the layouts it measured of it."""
     groups: dict[tuple, list[Row]] = {}
@@ -448,19 +457,21 @@ def main() -> None:
     s = summary(list(held.values()))
     print(f"\nheld out, leave one source out ({len({r.row['source'] for r in timed})} sources, {s['rows']} rows): "
           f"median |ln| {s['median']:.3f}, p90 {s['p90']:.3f}, worst {s['worst']:.3f}")
-    for kind, moe in (("MoE", True), ("dense", False)):
-        part = summary([held[r.name] for r in timed if bool(r.r.arch.experts) == moe])
-        print(f"  of which {kind}: {part['rows']} rows, median |ln| {part['median']:.3f}, p90 {part['p90']:.3f}, "
-              f"worst {part['worst']:.3f}")
+    kinds = by_kind(timed)
+    for kind, of_kind in kinds.items():
+        part = summary([held[r.name] for r in of_kind])
+        print(f"  of which {LABEL[kind]}: {part['rows']} rows, median |ln| {part['median']:.3f}, "
+              f"p90 {part['p90']:.3f}, worst {part['worst']:.3f}")
     by_model = summary(list(cross_validate(timed, k, group=lambda r: r.row["model"]).values()))
     print(f"held out, leave one model out: median |ln| {by_model['median']:.3f}, p90 {by_model['p90']:.3f}, "
           f"worst {by_model['worst']:.3f}")
     rank = ranking_error(timed, held)
     print(f"ranking (pairs of one model, cluster and source, held out): {rank['rows']} pairs, median |ln| "
           f"{rank['median']:.3f}, p90 {rank['p90']:.3f}")
-    for kind, moe in (("MoE", True), ("dense", False)):
-        part = ranking_error([r for r in timed if bool(r.r.arch.experts) == moe], held)
-        print(f"  of which {kind}: {part['rows']} pairs, median |ln| {part['median']:.3f}, p90 {part['p90']:.3f}")
+    for kind, of_kind in kinds.items():
+        part = ranking_error(of_kind, held)
+        print(f"  of which {LABEL[kind]}: {part['rows']} pairs, median |ln| {part['median']:.3f}, "
+              f"p90 {part['p90']:.3f}")
     choices = group_choices(timed, held)
     print(f"layout choices ({len(choices)} groups of one source, model and cluster, held out): measured best in the "
           f"predicted top 3 in {sum(c['best_in_top3'] for c in choices)}; predicted best within 5 % of the measured "

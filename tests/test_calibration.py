@@ -124,8 +124,7 @@ def test_the_held_out_step_time_error_is_what_the_plan_states_and_stays_bounded(
                         ("ranking_median", rank["median"]), ("ranking_p90", rank["p90"])):
         assert value == pytest.approx(stated[name], abs=0.01), name
     assert rank["rows"] == stated["ranking_pairs"]
-    for kind, moe in (("moe", True), ("dense", False)):
-        of_kind = [r for r in timed if bool(r.r.arch.experts) == moe]
+    for kind, of_kind in calibration.by_kind(timed).items():
         part = calibration.summary([held[r.name] for r in of_kind])
         pairs = calibration.ranking_error(of_kind, held)
         assert part["rows"] == stated[kind]["rows"] and pairs["rows"] == stated[kind]["ranking_pairs"]

@@ -101,11 +101,11 @@ HELD_OUT = {"scheme": "leave one source out", "sources": 8, "rows": 191,
             "ranking_pairs": 1754, "ranking_median": 0.077, "ranking_p90": 0.345}
 
 
-def interval(seconds: float, moe: bool) -> list[float]:
-    """The range 90 % of the held-out rows of the model's kind (MoE or dense) fall in around a predicted step time:
-    x / exp(p90) to x exp(p90). By kind because the two err differently (MoE rows: p90 0.401, dense: 0.182); one
+def interval(seconds: float, kind: str) -> list[float]:
+    """The range 90 % of the held-out rows of the model's kind (``moe`` or ``dense``) fall in around a predicted step
+    time: x / exp(p90) to x exp(p90). By kind because the two err differently (MoE rows: p90 0.401, dense: 0.182); one
     spread over both would state a MoE prediction too narrow and a dense one too wide."""
-    spread = math.exp(HELD_OUT["moe" if moe else "dense"]["p90"])
+    spread = math.exp(HELD_OUT[kind]["p90"])
     return [seconds / spread, seconds * spread]
 
 
@@ -131,8 +131,8 @@ def prediction(r: Resolved, dense_params: int, expert_params: int, flops_per_tok
     seconds, world, tokens = terms.pop("step"), r.layout.world_size, r.batch.tokens_per_step
     peak, _ = metrics.peak_tflops(cfg.hardware, cfg.precision)
     tflops = flops_per_token * tokens / (seconds * world * 1e12)
-    moe = bool(r.arch.experts)
-    return {"seconds": seconds, "interval_s": interval(seconds, moe), "interval_of": "moe" if moe else "dense",
+    kind = "moe" if r.arch.experts else "dense"
+    return {"seconds": seconds, "interval_s": interval(seconds, kind), "interval_of": kind,
             "terms": terms, "calibration": CALIBRATION,
             "held_out": HELD_OUT, "tokens_per_s_per_gpu": tokens / (seconds * world), "tflops_per_gpu": tflops,
             "mfu": tflops / peak if peak else None}

@@ -67,6 +67,7 @@ FREE = {
     # unfused attention (no TE, or attention_backend unfused / local): HBM bytes per score between its GEMMs (vTrain's
     # A100 runs and the H200 slice both run it)
     "unfused_attention_bytes_per_score": (4.0, 200.0),
+    "pipeline_ms_per_chunk": (0.0, 5.0),
 }
 # What the hardware's kernels and collectives sustain, measured outside this dataset: name -> (value, sd of its log).
 # The fit is a maximum a posteriori estimate under these priors: the MoE rows alone cannot tell the dense GEMM rate
@@ -493,7 +494,7 @@ def main() -> None:
           f"p90 {prior['p90']:.3f}, worst {prior['worst']:.3f}")
     if args.fit:
         kk = fit(timed, k)
-        print("\nfitted on every row: " + ", ".join(f"{n}={getattr(kk, n):.3g}" for n in FREE))
+        print("\nfitted on every row: " + ", ".join(f"{n}={getattr(kk, n):.4g}" for n in FREE))
         s = summary([r.error(kk) for r in timed])
         print(f"in-sample (not a measure of prediction): median |ln| {s['median']:.3f}, worst {s['worst']:.3f}")
 

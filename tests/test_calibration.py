@@ -132,7 +132,7 @@ def test_the_held_out_step_time_error_is_what_the_plan_states_and_stays_bounded(
             assert part[name] == pytest.approx(stated[kind][name], abs=0.01), (kind, name)
         for name in ("median", "p90"):
             assert pairs[name] == pytest.approx(stated[kind][f"ranking_{name}"], abs=0.01), (kind, name)
-    assert s["median"] <= 0.13 and s["p90"] <= 0.36 and s["worst"] <= 0.9
+    assert s["median"] <= 0.13 and s["p90"] <= 0.36 and s["worst"] <= 1.0
     assert stated["moe"]["median"] <= 0.16 and stated["moe"]["p90"] <= 0.42
     assert stated["dense"]["median"] <= 0.12 and stated["dense"]["p90"] <= 0.21
     # the defaults are the fit on every row: refitting moves no prediction by more than 1 %

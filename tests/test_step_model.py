@@ -218,3 +218,22 @@ def test_data_parallel_traffic_is_the_bytes_megatron_moves_per_parameter():
     assert dp[("true", "false")] == pytest.approx(dp[("true", "true")] * 4 / 6)
     assert dp[("false", "true")] == pytest.approx(dp[("true", "true")] * 8 / 6)
     assert dp[("false", "false")] == pytest.approx(dp[("true", "true")] * 4 / 6)
+
+
+def test_interleaved_p2p_overlap_leaves_the_fill_and_drain_and_each_chunk_its_fixed_cost():
+    """With overlap_p2p_comm (the interleaved schedule) the activations' bytes wait only in the fill and the drain,
+    (PP - 1) / (VPP x M) of them; every chunk's send / receive pair costs pipeline_ms_per_chunk either way."""
+    layout = ("model=qwen3_30b_a3b", H100, "hardware.nodes=4", "parallel.pipeline_model_parallel_size=4",
+              "parallel.expert_model_parallel_size=8", "step_model.pipeline_ms_per_chunk=0")
+    bytes_only = {vpp: {o: _terms(*layout, f"parallel.virtual_pipeline_model_parallel_size={vpp}",
+                                  f"overlap.overlap_p2p_comm={o}") for o in ("true", "false")} for vpp in (2, 4)}
+    m = resolve(compose_config("stage=plan", *layout)).batch.micro_batches_per_step
+    for vpp, t in bytes_only.items():
+        assert t["true"]["p2p"] == pytest.approx(t["false"]["p2p"] * 3 / (vpp * m))
+    assert bytes_only[4]["false"]["p2p"] == pytest.approx(2 * bytes_only[2]["false"]["p2p"])  # twice the boundaries
+    chunked = _terms(*layout[:-1], "step_model.pipeline_ms_per_chunk=0.5",
+                     "parallel.virtual_pipeline_model_parallel_size=4")
+    assert chunked["p2p"] == pytest.approx(bytes_only[4]["true"]["p2p"] + 4 * m * 0.5e-3)
+    no_pp = _terms("model=qwen3_30b_a3b", H100, "hardware.nodes=4", "parallel.expert_model_parallel_size=8",
+                   "step_model.pipeline_ms_per_chunk=0.5")
+    assert no_pp["p2p"] == 0

@@ -132,6 +132,7 @@ DOMAINS: dict[str, tuple[float, float]] = {
     "step_model.host_ms_per_local_expert": (0.0, 1e6),
     "step_model.hbm_efficiency": EFFICIENCY,
     "step_model.gpu_ms_per_moe_layer": (0.0, 1e6),
+    "step_model.pipeline_ms_per_chunk": (0.0, 1e6),
 }
 # integer lists: path -> (lowest, highest) of each element, and how many elements (None: any number)
 LIST_DOMAINS: dict[str, tuple[tuple[int, int], int | None]] = {

@@ -105,6 +105,9 @@ def test_gemms_run_at_the_measured_matmul_rate_of_their_precision_and_attention_
     gb200 = compose_config("stage=plan", "hardware=gb200_nvl72")
     assert metrics.matmul_tflops(a100.hardware, a100.precision) / 312 == pytest.approx(0.869, abs=0.001)
     assert metrics.matmul_tflops(gb200.hardware, gb200.precision) / 2500 == pytest.approx(0.729, abs=0.001)
+    # no declared rates (the CPU preset): every GEMM, the logits too, at one nominal rate, so a ranking still exists
+    nominal = StepModel(resolve(compose_config("stage=plan", "model=qwen3_30b_a3b")))
+    assert nominal.logits_s == pytest.approx(nominal.flops.logits * nominal.gemm_s)
 
 
 def test_the_attention_backend_decides_flash_or_unfused_attention_and_what_it_costs():

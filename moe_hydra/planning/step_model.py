@@ -180,7 +180,7 @@ class StepModel:
         # the blocks' dense GEMMs (MTP's projection included); the logits apart: Megatron-Core's output layer is a
         # plain ColumnParallelLinear outside the FP8 context, bf16 under every recipe, never recomputed
         self.dense_flops = fl.total - fl.routed_experts - fl.attention_core - fl.logits
-        bf16_matmul = metrics.matmul_tflops(hw, metrics.BF16) or NOMINAL_TFLOPS * metrics.UNMEASURED_MATMUL_SHARE
+        bf16_matmul = metrics.matmul_tflops(hw, metrics.BF16) or NOMINAL_TFLOPS
         bf16_gemm = bf16_matmul * 1e12 * k.gemm_efficiency
         self.logits_s = fl.logits / bf16_gemm
         streamed = self.hbm * k.hbm_efficiency

@@ -362,3 +362,28 @@ def test_slurmctlds_word_on_a_job_still_out_is_newer_than_saccts(tmp_path, monke
     assert pts[2].state == "FAILED"  # sacct's COMPLETED without results.json or pickle
     sweep.refresh(pts, force=False)  # wait's look at the files between sacct's polls: squeue's answer kept
     assert sorted(asked) == ["7_0", "7_1"] and pts[0].state == "RUNNING"
+
+
+def test_every_task_of_a_job_rendezvous_on_one_port_outside_the_ephemeral_range(monkeypatch):
+    """A job's tasks derive one MASTER_PORT from the job id, below Linux's ephemeral range (an outgoing connection
+    on a busy node held submitit's 33263: EADDRINUSE at the rendezvous); an array's points get their own; a port
+    the job's environment sets stays."""
+    ids = [f"{job}_{index}" for job in range(560, 600) for index in range(4)] + ["123456"]
+    ports = [slurm.rendezvous_port(i) for i in ids]
+    assert all(20000 <= p < 32768 for p in ports) and len(set(ports)) == len(ids)
+    assert slurm.rendezvous_port("573_1") == slurm.rendezvous_port("573_1")
+    task = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "574", "SLURM_ARRAY_JOB_ID": "573",
+            "SLURM_ARRAY_TASK_ID": "1", "SLURM_NODEID": "0", "SLURM_PROCID": "1", "SLURM_LOCALID": "1",
+            "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "1",
+            "SLURM_JOB_NODELIST": "localhost", "SLURM_STEP_NODELIST": "localhost"}
+    # what task_environment exports, set here first so that monkeypatch takes it back after the test
+    exported = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    for name, value in {**task, **dict.fromkeys(exported, "")}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("MASTER_PORT")
+    slurm.task_environment()
+    assert os.environ["MASTER_PORT"] == str(slurm.rendezvous_port("573_1"))
+    assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["MASTER_ADDR"]) == ("1", "2", "localhost")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    slurm.task_environment()
+    assert os.environ["MASTER_PORT"] == "29500"

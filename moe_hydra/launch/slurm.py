@@ -35,6 +35,7 @@ import shlex
 import signal
 import sys
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -93,10 +94,28 @@ def _rank_suffix() -> str:
     return f".rank{rank}" if rank else ""
 
 
+# The rendezvous ports a job may take: below Linux's default ephemeral range (32768-60999), which the kernel hands
+# to outgoing connections
+RENDEZVOUS_PORTS = (20000, 32768)
+
+
+def rendezvous_port(job_id: str) -> int:
+    """MASTER_PORT for a Slurm job: every task of the job derives the same one from its job id (an array task's
+    ``<array id>_<index>``, so concurrent points differ), in :data:`RENDEZVOUS_PORTS`. submitit draws it from
+    20000-60000, mostly the ephemeral range: on a busy node an outgoing connection may already hold it, and
+    the job fails at the rendezvous with EADDRINUSE."""
+    first, end = RENDEZVOUS_PORTS
+    return first + zlib.crc32(job_id.encode()) % (end - first)
+
+
 def task_environment() -> None:
-    """Export RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT from Slurm's."""
+    """Export RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT from Slurm's (submitit's
+    ``TorchDistributedEnvironment``); MASTER_PORT the job's :func:`rendezvous_port` unless the job's environment
+    sets one (``launcher.setup``)."""
     import submitit
 
+    if "MASTER_PORT" not in os.environ:
+        os.environ["MASTER_PORT"] = str(rendezvous_port(submitit.JobEnvironment().job_id))
     submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
 
 

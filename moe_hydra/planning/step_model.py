@@ -98,17 +98,17 @@ CALIBRATION = ("sustained fractions fitted (benchmarks/step_model_calibration.py
 # ratio of two rows of one model, cluster and source (what choosing between layouts needs), over all pairs and each
 # kind's. benchmarks/step_model_calibration.py prints them; tests/test_calibration.py recomputes them.
 HELD_OUT = {"scheme": "leave one source out", "sources": 8, "rows": 191,
-            "median": 0.116, "p90": 0.335, "worst": 0.935,
-            "moe": {"rows": 82, "median": 0.133, "p90": 0.393, "worst": 0.935,
-                    "ranking_pairs": 33, "ranking_median": 0.123, "ranking_p90": 0.264},
-            "dense": {"rows": 109, "median": 0.105, "p90": 0.187, "worst": 0.628,
-                      "ranking_pairs": 1721, "ranking_median": 0.076, "ranking_p90": 0.344},
-            "ranking_pairs": 1754, "ranking_median": 0.076, "ranking_p90": 0.344}
+            "median": 0.117, "p90": 0.335, "worst": 0.930,
+            "moe": {"rows": 82, "median": 0.137, "p90": 0.394, "worst": 0.930,
+                    "ranking_pairs": 33, "ranking_median": 0.122, "ranking_p90": 0.263},
+            "dense": {"rows": 109, "median": 0.102, "p90": 0.184, "worst": 0.631,
+                      "ranking_pairs": 1721, "ranking_median": 0.076, "ranking_p90": 0.345},
+            "ranking_pairs": 1754, "ranking_median": 0.076, "ranking_p90": 0.345}
 
 
 def interval(seconds: float, kind: str) -> list[float]:
     """The range 90 % of the held-out rows of the model's kind (``moe`` or ``dense``) fall in around a predicted step
-    time: x / exp(p90) to x exp(p90). By kind because the two err differently (MoE rows: p90 0.393, dense: 0.187); one
+    time: x / exp(p90) to x exp(p90). By kind because the two err differently (MoE rows: p90 0.394, dense: 0.184); one
     spread over both would state a MoE prediction too narrow and a dense one too wide."""
     spread = math.exp(HELD_OUT[kind]["p90"])
     return [seconds / spread, seconds * spread]
@@ -117,7 +117,7 @@ def interval(seconds: float, kind: str) -> list[float]:
 def tie_width() -> float:
     """The ratio of predicted step times below which two layouts are indistinguishable: exp of the 90th percentile
     of the held-out ranking error over every pair. Not by kind: the MoE pairs are 33, 28 of them one workload
-    (Qwen3-235B on 256 H100), too few to set a width of their own; their p90 (0.264) is below the overall one, so
+    (Qwen3-235B on 256 H100), too few to set a width of their own; their p90 (0.263) is below the overall one, so
     the overall width is the cautious one (it screens more)."""
     return math.exp(HELD_OUT["ranking_p90"])
 

@@ -16,6 +16,7 @@ import importlib.util
 import inspect
 import sys
 import types
+from pathlib import Path
 
 import torch
 
@@ -202,6 +203,53 @@ def _triton_stub() -> None:
         sys.modules[name] = types.ModuleType(name)
 
 
+class _Bf16GemmsInFp32(torch.overrides.TorchFunctionMode):
+    """bf16 GEMMs on a CPU without bf16 instructions (no AVX512-BF16 or AMX): torch's fallback kernel is 7-70x
+    slower than its fp32 one (``grad @ weight``, the data gradient of every linear layer, the slowest). Inside this
+    mode a bf16 matmul runs on fp32 copies of its operands and rounds its result to bf16, as a GPU's bf16 tensor
+    cores do (bf16 products, fp32 accumulation): parameters, activations and gradients stay bf16."""
+
+    GEMMS = frozenset({torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.mm, torch.Tensor.mm,
+                       torch.bmm, torch.Tensor.bmm, torch.baddbmm, torch.Tensor.baddbmm, torch.addmm,
+                       torch.nn.functional.linear})
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if (func in self.GEMMS and "out" not in kwargs
+                and any(isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 for a in args)):
+            up = [a.float() if isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 else a for a in args]
+            return func(*up, **kwargs).to(torch.bfloat16)
+        return func(*args, **kwargs)
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has bf16 GEMM instructions (AVX512-BF16 or AMX; /proc/cpuinfo's flags, False without it)."""
+    flags = ""
+    with contextlib.suppress(OSError):
+        flags = Path("/proc/cpuinfo").read_text()
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def _cpu_bf16_gemms() -> bool:
+    """Enter :class:`_Bf16GemmsInFp32` for the rest of this process where the CPU has no bf16 GEMM (False where it
+    has). The autograd engine runs a custom Function's backward outside the mode: Megatron's linear layers' backward
+    (their data and weight gradients) enters it itself."""
+    from megatron.core.tensor_parallel import layers
+
+    if cpu_has_bf16():
+        return False
+    linear = layers.LinearWithGradAccumulationAndAsyncCommunication
+    backward = linear.backward
+
+    def backward_in_fp32(ctx, *grads):
+        with _Bf16GemmsInFp32():
+            return backward(ctx, *grads)
+
+    linear.backward = staticmethod(backward_in_fp32)
+    _Bf16GemmsInFp32().__enter__()
+    return True
+
+
 def te_available() -> bool:
     return importlib.util.find_spec("transformer_engine") is not None
 
@@ -219,6 +267,8 @@ def apply() -> list[str]:
         _cpu_tensor_cuda()
         installed += ["cpu_rng", "cpu_streams_and_device", "cpu_split_sizes", "cpu_allocations", "cpu_tensor_type_names",
                       "cpu_tensor_cuda"]
+        if _cpu_bf16_gemms():
+            installed.append("cpu_bf16_gemms_in_fp32")
     if not te_available():
         _te_general_gemm()
         _sequence_parallel_torch_norm()

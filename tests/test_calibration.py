@@ -56,7 +56,7 @@ def test_each_rows_overrides_resolve_to_its_published_columns(rows):
             c["micro_batch_size"] or 1, c["global_batch_size"], c["seq_length"]), row.name
         assert row.cfg.hardware.name == calibration.HARDWARE[c["gpu"]][0] and row.cfg.precision.name == c["precision"]
         # and they are what --write-overrides writes from the columns
-        assert c["overrides"] == calibration.overrides_of(c), row.name
+        assert c["overrides"] == calibration.overrides_of(c, r.arch), row.name
         # the attention kernels the runs used: Megatron-DeepSpeed's (vTrain) materialise the score matrix
         assert r.impl.attention == ("unfused" if c["source"] == "vtrain" or "transformer_engine=false"
                                     in " ".join(c["overrides"]) else "flash"), row.name

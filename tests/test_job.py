@@ -132,7 +132,9 @@ def _stop_mid_window(tmp_path, sig, *args):
                                  "contract.warmup_steps=1", "contract.window=[2,400]", *args],
                                 cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
         deadline = time.monotonic() + 240
-        while "step    5" not in log.read_text() and time.monotonic() < deadline and proc.poll() is None:
+        # step 5's metric line (a step time field such as "step    512.3 ms" must not match)
+        while (not re.search(r"^step\s+5\s+loss", log.read_text(), re.M) and time.monotonic() < deadline
+               and proc.poll() is None):
             time.sleep(0.5)
         proc.send_signal(sig)
         proc.wait(timeout=120)

@@ -187,7 +187,9 @@ def test_a_signal_to_a_rank_under_nsys_is_recorded_then_job_stopped(tmp_path, fa
 
     def stop_rank_at_step_5():
         deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and not (err.exists() and "step    5" in err.read_text()):
+        # step 5's metric line (a step time field such as "step    512.3 ms" must not match)
+        step5 = re.compile(r"^step\s+5\s+loss", re.M)
+        while time.monotonic() < deadline and not (err.exists() and step5.search(err.read_text())):
             time.sleep(0.2)
         os.kill(int(re.search(r"pid=(\d+)", fake_nsys.read_text()).group(1)), signal.SIGTERM)
 

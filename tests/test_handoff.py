@@ -349,6 +349,22 @@ def test_export_reports_what_no_flag_carries(composer):
     assert contract_hash(back) == contract_hash(cfg)
 
 
+def test_gpt_oss_clamped_quick_geglu_travels_as_its_megatron_lm_flags(composer):
+    ov = ["model=gpt_oss_20b", "hardware=h100_sxm", "mesh=ep8"]
+    cfg = composer(ov)
+    x = export.export("megatron-lm", cfg, resolve(cfg), ov)
+    flags = {line[0]: line[1:] for line in x.lines}
+    assert "--quick-geglu" in flags and "--swiglu" not in flags
+    assert flags["--activation-func-clamp-value"] == ["7.0"] and flags["--glu-linear-offset"] == ["1.0"]
+    words = x.text.split()
+    got = ingest.ingest("megatron-lm", words=words[words.index("torchrun"):], hardware="h100_sxm")  # flags alone
+    m = composer(got.overrides).model
+    assert (m.gated_linear_unit, m.activation_func, m.activation_func_clamp_value, m.glu_linear_offset) == (
+        True, "quick_gelu", 7.0, 1.0)
+    bridge = export.export("bridge", cfg, resolve(cfg), ov)  # Bridge's activation_func is the provider's function
+    assert any("model.activation_func=quick_gelu" in u for u in bridge.unmapped)
+
+
 def _cli(module: str, *args: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
     return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True,

@@ -58,3 +58,14 @@ def test_the_attention_backend_reaches_transformer_engine_only():
     assert transformer_config_kwargs(_with_te(cfg), mcore_facts(), on_gpu=True)["attention_backend"] == "unfused"
     assert "attention_backend" not in transformer_config_kwargs(resolve(compose_config("kernels.attention_backend=unfused")),
                                                                 mcore_facts(), on_gpu=False)
+
+
+def test_gpt_oss_runs_its_clamped_quick_geglu():
+    """GPT-OSS's preset carries Bridge's provider activation (quick_gelu, clamp 7, offset 1); the default is SwiGLU."""
+    gpt_oss = transformer_config_kwargs(_with_te(compose_config("model=gpt_oss_20b", "hardware=h100_sxm", "mesh=ep8")),
+                                        mcore_facts(), on_gpu=True)
+    assert (gpt_oss["activation_func"], gpt_oss["activation_func_clamp_value"], gpt_oss["glu_linear_offset"]) == (
+        "quick_gelu", 7.0, 1.0)
+    plain = transformer_config_kwargs(resolve(compose_config()), mcore_facts(), on_gpu=False)
+    assert (plain["activation_func"], plain["activation_func_clamp_value"], plain["glu_linear_offset"]) == (
+        "silu", None, 0.0)

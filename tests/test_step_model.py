@@ -186,6 +186,20 @@ def test_the_kernels_between_the_gemms_weigh_on_a_narrow_top8_moe_layer_not_on_a
     assert moe_bytes == 0 and dense_bytes > 0
 
 
+def test_a_clamped_glu_moves_its_clamped_copy_through_hbm():
+    """GPT-OSS's clamp (Megatron-Core's chunk, two clamps and cat before the fused quick-GEGLU, and their backward):
+    6 forward-equivalent elements of the expert width per routed copy, beside the fused kernel's 3."""
+    clamped = resolve(compose_config("stage=plan", "model=gpt_oss_120b")).arch
+    plain = resolve(compose_config("stage=plan", "model=gpt_oss_120b", "model.activation_func_clamp_value=null")).arch
+    assert clamped.glu_clamp and not plain.glu_clamp
+    (dense_c, moe_c), (dense_p, moe_p) = step_model.elementwise_bytes(clamped), step_model.elementwise_bytes(plain)
+    a = clamped
+    assert dense_c == dense_p
+    assert moe_c - moe_p == pytest.approx(step_model._STREAMED * 6 * a.topk * a.moe_ffn * a.moe_blocks)
+    assert _terms("model=gpt_oss_120b", H100)["compute"] > _terms(
+        "model=gpt_oss_120b", H100, "model.activation_func_clamp_value=null")["compute"]
+
+
 def test_a_moe_layers_small_kernels_cost_their_time_per_layer_and_micro_batch():
     qwen = ("model=qwen3_30b_a3b", H100, "recompute=none")
     r = resolve(compose_config("stage=plan", *qwen))

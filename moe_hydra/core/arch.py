@@ -94,6 +94,7 @@ class Arch:
     vocab: int  # unpadded
     vocab_divisible_by: int
     glu: bool
+    glu_clamp: bool  # a clamped GLU (activation_func_clamp_value): its clamps copy the GLU's input
     rmsnorm: bool
     bias: bool
     qkv_bias: bool
@@ -131,6 +132,7 @@ class Arch:
             vocab=m.vocab_size,
             vocab_divisible_by=m.make_vocab_size_divisible_by,
             glu=m.gated_linear_unit,
+            glu_clamp=m.gated_linear_unit and m.activation_func_clamp_value is not None,
             rmsnorm=m.normalization == "RMSNorm",
             bias=m.add_bias_linear,
             qkv_bias=m.add_qkv_bias or m.add_bias_linear,

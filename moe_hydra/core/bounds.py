@@ -56,6 +56,8 @@ DOMAINS: dict[str, tuple[float, float]] = {
     "model.moe_router_num_groups": (1, 64 * K),
     "model.moe_router_group_topk": (1, 64 * K),
     "model.moe_router_topk_scaling_factor": (1e-6, 1e6),
+    "model.activation_func_clamp_value": (1e-6, 1e6),
+    "model.glu_linear_offset": (-1e6, 1e6),
     "model.moe_aux_loss_coeff": (0.0, 1e6),
     "model.q_lora_rank": WIDTH,
     "model.kv_lora_rank": WIDTH,

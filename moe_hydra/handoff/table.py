@@ -602,6 +602,43 @@ def _moe_layer_freq() -> Entry:
                   from_bridge=lambda b: {key: read(b["model.moe_layer_freq"])} if "model.moe_layer_freq" in b else None)
 
 
+def _activation() -> tuple[Entry, Entry]:
+    """The gated linear unit and the activation. Megatron-LM says both with one flag: ``--swiglu`` (silu),
+    ``--quick-geglu`` (quick_gelu), neither (gelu, ungated). Bridge takes ``gated_linear_unit``; its
+    ``activation_func`` is a function (its GPT-OSS provider sets quick_gelu), which no override can name."""
+    glu, act = "model.gated_linear_unit", "model.activation_func"
+
+    def spelled(m: Any) -> str:  # the activation the job runs (moe_hydra.job.mcore_args)
+        return m.activation_func or ("silu" if m.gated_linear_unit else "gelu")
+
+    def act_to_mlm(v: dict, s: Source) -> list[list[str]]:
+        pair = (s.cfg.model.gated_linear_unit, spelled(s.cfg.model))
+        if pair == (True, "quick_gelu"):
+            return [["--quick-geglu"]]
+        if pair in ((True, "silu"), (False, "gelu")):
+            return []  # --swiglu or its absence says it
+        raise Unmapped(f"{act}={pair[1]} with {glu}={pair[0]}: {MEGATRON_LM} gates silu (--swiglu) or quick_gelu "
+                       "(--quick-geglu), and otherwise runs gelu")
+
+    def act_to_bridge(v: dict, s: Source) -> list[tuple[str, Any]]:
+        if v[act] is None:
+            return []
+        raise Unmapped(f"{act}={v[act]}: Bridge's activation_func is a function (the model provider's)")
+
+    gate = custom((glu,), ("--swiglu",), ("model.gated_linear_unit",), "model",
+                  "gated linear unit (SwiGLU with silu); else GELU",
+                  values=lambda s: {glu: s.cfg.model.gated_linear_unit},
+                  to_mlm=lambda v, s: [["--swiglu"]] if v[glu] and spelled(s.cfg.model) != "quick_gelu" else [],
+                  from_mlm=lambda g: {glu: g.switch("--swiglu") or g.switch("--quick-geglu")},
+                  to_bridge=lambda v, s: [("model.gated_linear_unit", v[glu])],
+                  from_bridge=lambda b: _bridge_keys(b, ("model.gated_linear_unit", glu)))
+    func = custom((act,), ("--quick-geglu",), (), "model", "activation: silu | gelu | quick_gelu (null: silu gated)",
+                  values=lambda s: {act: s.cfg.model.activation_func}, to_mlm=act_to_mlm,
+                  from_mlm=lambda g: {act: "quick_gelu" if g.switch("--quick-geglu") else None},
+                  to_bridge=act_to_bridge, from_bridge=lambda b: None)
+    return gate, func
+
+
 def _window() -> Entry:
     key = "model.window_size"
 
@@ -925,7 +962,11 @@ TABLE: tuple[Entry, ...] = (
           group="model", doc="position table size (Bridge: the provider's)"),
     value("model.normalization", type=str, absent="LayerNorm", choices=("LayerNorm", "RMSNorm"), group="model",
           doc="RMSNorm | LayerNorm"),
-    switch("model.gated_linear_unit", "--swiglu", group="model", doc="SwiGLU MLP (silu); else GELU"),
+    *_activation(),
+    value("model.activation_func_clamp_value", type=float, when=lambda s: s.cfg.model.activation_func_clamp_value
+          is not None, group="model", doc="clamped GLU: the gate's maximum, the linear half's +-bound"),
+    value("model.glu_linear_offset", type=float, when=lambda s: s.cfg.model.glu_linear_offset != 0.0, absent=0.0,
+          group="model", doc="added to the GLU's linear half"),
     switch("model.add_bias_linear", "--disable-bias-linear", on=False, group="model", doc="linear biases"),
     switch("model.add_qkv_bias", group="model", doc="QKV bias"),
     switch("model.qk_layernorm", group="model", doc="QK layernorm"),

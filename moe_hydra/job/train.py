@@ -221,7 +221,12 @@ class Job:
         kw = transformer_config_kwargs(self.r, mcore_facts(), on_gpu=self.on_gpu)
         for key in ("params_dtype", "pipeline_dtype"):
             kw[key] = getattr(torch, _DTYPES[kw[key]])
-        kw["activation_func"] = getattr(torch.nn.functional, kw["activation_func"])
+        if kw["activation_func"] == "quick_gelu":
+            from megatron.core.fusions.fused_bias_geglu import quick_gelu
+
+            kw["activation_func"] = quick_gelu
+        else:
+            kw["activation_func"] = getattr(torch.nn.functional, kw["activation_func"])
         if "attention_backend" in kw:
             from megatron.core.transformer.enums import AttnBackend
 

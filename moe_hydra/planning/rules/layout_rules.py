@@ -18,6 +18,7 @@ from moe_hydra.planning.rules.base import DISPATCHER_READS, Ctx, V, _divisors, _
 _CHOICES = {
     "hardware.arch": ("cpu", "ampere", "hopper", "blackwell"),
     "model.normalization": ("RMSNorm", "LayerNorm"),
+    "model.activation_func": (None, "silu", "gelu", "quick_gelu"),
     "model.position_embedding_type": ("rope", "learned_absolute", "none"),
     "model.moe_router_score_function": ("softmax", "sigmoid", "sqrtsoftplus"),
     "precision.params_dtype": ("bf16", "fp16", "fp32"),

@@ -97,6 +97,22 @@ def test_pipeline_parallel_matches_one_process(cli, tmp_path, one_process_gbs8):
     assert res["loss"]["per_step"][:4] == pytest.approx(one_process_gbs8["loss"]["per_step"][:4], abs=1e-4)
 
 
+def test_gpt_oss_clamped_quick_geglu_is_what_megatron_core_builds_and_trains(cli, tmp_path):
+    """The tiny MoE with GPT-OSS's activation: Megatron-Core's quick_gelu, clamp and offset in the built config,
+    and a loss that differs from SwiGLU's from the first step."""
+    args = ("train.train_iters=4", "contract.warmup_steps=1", "contract.window=[2,4]", "logger=none")
+    r = cli(*args, "model.activation_func=quick_gelu", "model.activation_func_clamp_value=7.0",
+            "model.glu_linear_offset=1.0", timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    built = json.loads((tmp_path / "run" / "megatron_configs.json").read_text())["transformer_config"]
+    assert (built["activation_func"], built["activation_func_clamp_value"], built["glu_linear_offset"]) == (
+        "<quick_gelu>", 7.0, 1.0)
+    quick = results(tmp_path)["loss"]["per_step"]
+    plain = cli(*args, "hydra.run.dir=" + str(tmp_path / "silu" / "run"), timeout=300)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    assert results(tmp_path / "silu")["loss"]["per_step"][0] != pytest.approx(quick[0], abs=1e-4)
+
+
 @pytest.mark.parametrize("args,expected", [
     (["hardware.devices_per_node=2", "expert_mesh=ep2", "dispatcher=deepep"], "needs DeepEP"),
     (["hardware.devices_per_node=2", "expert_mesh=ep2", "dispatcher=hybridep"], "needs HybridEP"),

@@ -239,6 +239,9 @@ def _cpu_bf16_gemms() -> bool:
     if cpu_has_bf16():
         return False
     linear = layers.LinearWithGradAccumulationAndAsyncCommunication
+    if getattr(linear, "_moe_hydra_fp32_gemms", False):  # installed already (stage=fit, then the job)
+        return True
+    linear._moe_hydra_fp32_gemms = True
     backward = linear.backward
 
     def backward_in_fp32(ctx, *grads):

@@ -103,6 +103,19 @@ def test_selective_recompute_drops_exactly_its_terms():
     assert est_none.moe_layer - est_sel.moe_layer == pytest.approx(sum(terms[t] for t in dropped if t in terms))
 
 
+def test_a_clamped_glu_keeps_its_clamped_copy_until_moe_act_recompute_drops_it():
+    """GPT-OSS: the fused activation keeps the clamped copy of fc1's output (2 x the expert width per routed row,
+    bf16) while the clamps keep fc1's output itself; recomputing moe_act drops the copy with the output."""
+    oss = ("model=gpt_oss_120b", H100, "hardware.nodes=8", "parallel.expert_model_parallel_size=8")
+    clamped = memory.layer_terms(_assess(*oss)[1].r, True)
+    plain = memory.layer_terms(_assess(*oss, "model.activation_func_clamp_value=null")[1].r, True)
+    assert "moe_act_clamped" not in plain and {k: v for k, v in clamped.items() if k != "moe_act_clamped"} == plain
+    assert clamped["moe_act_clamped"] == pytest.approx(plain["expert_act_in"])  # the same 2 x width, bf16
+    _, recomputed = _assess(*oss, "recompute=selective", "recompute.recompute_modules=[moe_act]")
+    assert memory.Estimator(_assess(*oss)[1].r).moe_layer - memory.Estimator(recomputed.r).moe_layer == (
+        pytest.approx(clamped["moe_act_clamped"] + clamped["moe_act"]))
+
+
 def test_mla_attention_holds_q_k_v_once_and_its_output_once():
     """Megatron-Core's MLA feeds the up-projections' outputs only to RoPE, whose kernels keep cos and sin, so what
     the attention holds of them is q, k (after RoPE) and v, which ``mla_up_proj`` discards. The attention output

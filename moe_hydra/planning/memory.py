@@ -104,8 +104,8 @@ RECOMPUTE_DROPS = {
     "layernorm": ("qkv_linear", "mlp_input"),
     "mla_up_proj": ("core_attn",),
     "mlp": ("mlp",),
-    "moe_act": ("moe_act",),
-    "moe": ("router", "expert_fc1", "expert_act_in", "moe_act", "expert_probs", "shared_experts"),
+    "moe_act": ("moe_act", "moe_act_clamped"),
+    "moe": ("router", "expert_fc1", "expert_act_in", "moe_act", "moe_act_clamped", "expert_probs", "shared_experts"),
     "shared_experts": ("shared_experts",),
 }
 # Terms each fine-grained offload module moves to the host (``offload_modules``).
@@ -220,7 +220,7 @@ def layer_terms(r: Resolved, moe: bool) -> dict[str, float]:
     t["mlp_input"] = rows * h * q
     glu = 2 if a.glu else 1
     if not moe:
-        t["mlp"] = tokens * a.ffn / tp * (glu * e + q)
+        t["mlp"] = tokens * a.ffn / tp * (glu * e * (2 if a.glu_clamp else 1) + q)  # a clamped GLU: as below
         return t
     ro = cfg.routing
     capacity = ro.moe_expert_capacity_factor if ro.moe_pad_expert_input_to_capacity and ro.moe_expert_capacity_factor else 1.0
@@ -229,6 +229,8 @@ def layer_terms(r: Resolved, moe: bool) -> dict[str, float]:
     t["expert_fc1"] = routed * lo.etp * h * q
     t["expert_act_in"] = routed * glu * a.moe_ffn * e
     t["moe_act"] = routed * a.moe_ffn * q
+    if a.glu_clamp:  # the clamped copy the fused activation keeps, beside fc1's output that the clamps keep
+        t["moe_act_clamped"] = routed * glu * a.moe_ffn * e
     t["expert_probs"] = routed * 4
     if a.shared_ffn:
         t["shared_experts"] = tokens * (glu + 1) * a.shared_ffn / tp * e

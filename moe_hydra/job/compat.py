@@ -14,6 +14,7 @@ import contextlib
 import importlib
 import importlib.util
 import inspect
+import os
 import sys
 import types
 from pathlib import Path
@@ -270,7 +271,7 @@ def apply() -> list[str]:
         _cpu_tensor_cuda()
         installed += ["cpu_rng", "cpu_streams_and_device", "cpu_split_sizes", "cpu_allocations", "cpu_tensor_type_names",
                       "cpu_tensor_cuda"]
-        if _cpu_bf16_gemms():
+        if os.environ.get("MOE_HYDRA_CPU_BF16_GEMMS") == "fp32" and _cpu_bf16_gemms():  # opt-in: docs/cpu.md
             installed.append("cpu_bf16_gemms_in_fp32")
     if not te_available():
         _te_general_gemm()

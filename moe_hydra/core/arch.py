@@ -56,6 +56,12 @@ def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
     return math.ceil(vocab_size / multiple) * multiple
 
 
+def activation_func(m: Any) -> str:
+    """The MLPs' activation a model config runs (``model.activation_func``; null: silu with a gated linear unit,
+    gelu without): what the job gives Megatron-Core and the hand-off spells as flags."""
+    return m.activation_func or ("silu" if m.gated_linear_unit else "gelu")
+
+
 def _left_window(window_size: Any) -> int:
     """The keys before the query a window admits (``window_size`` [left, right]; -1 or none: unbounded -> 0)."""
     return int(window_size[0]) if window_size and window_size[0] >= 0 else 0

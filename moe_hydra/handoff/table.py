@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from moe_hydra.core.arch import activation_func
 from moe_hydra.core.pipeline import stage_count
 from moe_hydra.core.resolved import ATTENTION_BACKENDS
 
@@ -608,11 +609,8 @@ def _activation() -> tuple[Entry, Entry]:
     ``activation_func`` is a function (its GPT-OSS provider sets quick_gelu), which no override can name."""
     glu, act = "model.gated_linear_unit", "model.activation_func"
 
-    def spelled(m: Any) -> str:  # the activation the job runs (moe_hydra.job.mcore_args)
-        return m.activation_func or ("silu" if m.gated_linear_unit else "gelu")
-
     def act_to_mlm(v: dict, s: Source) -> list[list[str]]:
-        pair = (s.cfg.model.gated_linear_unit, spelled(s.cfg.model))
+        pair = (s.cfg.model.gated_linear_unit, activation_func(s.cfg.model))
         if pair == (True, "quick_gelu"):
             return [["--quick-geglu"]]
         if pair in ((True, "silu"), (False, "gelu")):
@@ -628,7 +626,7 @@ def _activation() -> tuple[Entry, Entry]:
     gate = custom((glu,), ("--swiglu",), ("model.gated_linear_unit",), "model",
                   "gated linear unit (SwiGLU with silu); else GELU",
                   values=lambda s: {glu: s.cfg.model.gated_linear_unit},
-                  to_mlm=lambda v, s: [["--swiglu"]] if v[glu] and spelled(s.cfg.model) != "quick_gelu" else [],
+                  to_mlm=lambda v, s: [["--swiglu"]] if v[glu] and activation_func(s.cfg.model) != "quick_gelu" else [],
                   from_mlm=lambda g: {glu: g.switch("--swiglu") or g.switch("--quick-geglu")},
                   to_bridge=lambda v, s: [("model.gated_linear_unit", v[glu])],
                   from_bridge=lambda b: _bridge_keys(b, ("model.gated_linear_unit", glu)))

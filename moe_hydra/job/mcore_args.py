@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from moe_hydra.core.arch import parse_moe_layer_freq
+from moe_hydra.core.arch import activation_func, parse_moe_layer_freq
 from moe_hydra.core.resolved import Resolved
 from moe_hydra.core.versions import McoreFacts
 
@@ -42,7 +42,7 @@ def transformer_config_kwargs(resolved: Resolved, mcore: McoreFacts, *, on_gpu: 
         kv_channels=m.kv_channels,
         normalization=m.normalization,
         gated_linear_unit=m.gated_linear_unit,
-        activation_func=m.activation_func or ("silu" if m.gated_linear_unit else "gelu"),
+        activation_func=activation_func(m),
         activation_func_clamp_value=m.activation_func_clamp_value,
         glu_linear_offset=m.glu_linear_offset,
         add_bias_linear=m.add_bias_linear,

@@ -143,7 +143,7 @@ def campaign(tmp_path_factory):
     main_states = states(dirs["main"])  # a new process, right after the submission
     detach(dirs["limit"], *ON_NODE2, "launcher.timeout_min=1", "launcher.max_num_timeout=1",
            "train.train_iters=100000", "contract.window=[2,100000]")
-    detach(dirs["requeue"], *ON_NODE2, "train.train_iters=80", "contract.window=[2,80]")
+    detach(dirs["requeue"], *ON_NODE2, "train.train_iters=120", "contract.window=[2,120]")
     screen = detach(dirs["screen"], "hardware.devices_per_node=2", "hydra/sweeper=layout", "hydra.sweeper.top_k=2",
                     "hydra.sweeper.screen_warmup=1", "hydra.sweeper.screen_window=[2,6]")
     yield {"dirs": dirs, "main": main, "main_states": main_states, "screen": screen}
@@ -163,7 +163,7 @@ def test_a_point_requeued_by_hand_is_seen_requeued_and_completes(campaign):
     w = sweep("wait", d, timeout=300)
     assert w.returncode == 0, w.stdout[-3000:]
     res = results(d, 0)
-    assert res["status"] == "ok" and res["steps"] == 80  # the second attempt measured from scratch
+    assert res["status"] == "ok" and res["steps"] == 120  # the second attempt measured from scratch
     first, second = res["attempts"]
     assert first["requeued"] is True and first["outcome"].startswith("stopped by SIGTERM")
     assert second["outcome"] == "completed" and second["restart_count"] == 1 and points(d)[0]["attempts"] == 2
@@ -282,7 +282,7 @@ def test_a_time_limit_requeues_then_ends_timeout_with_its_attempts(campaign):
 
 def test_a_node_down_under_a_point_is_never_a_success(campaign):
     d = campaign["dirs"]["down"]
-    iters = 100  # long enough to take the node down mid-run; the requeued attempt runs them all again
+    iters = 120  # long enough to take the node down mid-run; the requeued attempt runs them all again
     detach(d, "launcher.partition=multi", "launcher.cpus_per_task=2", f"train.train_iters={iters}",
            f"contract.window=[2,{iters}]", "repeat=0,1")  # two CPUs a point: one point a node, one on each
 

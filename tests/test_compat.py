@@ -1,11 +1,16 @@
-"""The CPU shims that change what runs, not only where (moe_hydra/job/compat.py): bf16 GEMMs on fp32 copies."""
+"""The CPU shims that change what runs, not only where (moe_hydra/job/compat.py): bf16 GEMMs on fp32 copies; and
+how many intra-op threads a CPU rank takes."""
 
 from __future__ import annotations
 
+import os
+
+import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from moe_hydra.job.compat import _Bf16GemmsInFp32
+from moe_hydra.job.train import cpu_threads
 
 
 class _Kernels(TorchDispatchMode):
@@ -68,3 +73,18 @@ def test_other_dtypes_and_other_ops_pass_through_unchanged():
     with _Bf16GemmsInFp32():
         assert torch.equal(a @ w, torch.matmul(a, w)) and (a @ w).dtype == torch.float64
         assert (x + x).dtype == torch.bfloat16 and torch.equal(x + x, x * 2)
+
+
+@pytest.mark.parametrize("omp,cores,local_world,want", [
+    (None, 2, 1, 1), (None, 16, 1, 15), (None, 16, 8, 1), (None, 17, 2, 8), (None, 1, 1, 1), (None, 2, 4, 1),
+    ("4", 2, 1, 4), ("", 9, 2, 4), ("0", 9, 1, 8), ("x", 3, 1, 2)])
+def test_a_cpu_rank_takes_its_share_of_the_allowed_cores_less_one(monkeypatch, omp, cores, local_world, want):
+    """The cores are the process's affinity (a Slurm allocation), not the node's count; OMP_NUM_THREADS wins when it
+    names a positive number."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(100, 100 + cores)))
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    if omp is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    assert cpu_threads(local_world) == want

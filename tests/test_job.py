@@ -8,6 +8,8 @@ import statistics
 
 import pytest
 
+from moe_hydra.job import compat, train
+
 pytestmark = pytest.mark.slow
 
 FP32 = "precision=fp32"  # CPU runs are compared in fp32, where the layouts agree to ~1e-6
@@ -53,8 +55,9 @@ def test_default_job_writes_complete_results(cli, tmp_path):
     assert ev["grouped_gemm"] is False and ev["experts_class"] == "SequentialMLP"
     assert ev["optimizer_class"] == "DistributedOptimizer" and ev["param_dtype"] == "bfloat16"
     assert ev["backend"] == "gloo" and ev["layer_spec"] == "local"
-    # bf16 GEMMs on fp32 copies only when asked (MOE_HYDRA_CPU_BF16_GEMMS=fp32; tests/test_compat.py)
-    assert "cpu_bf16_gemms_in_fp32" not in ev["compat_shims"]
+    # bf16 GEMMs on fp32 copies only where the CPU has no bf16 instructions (tests/test_compat.py)
+    assert ("cpu_bf16_gemms_in_fp32" in ev["compat_shims"]) is not compat.cpu_has_bf16()
+    assert ev["torch_threads"] == train.cpu_threads(1)  # one rank: every core this process may use, less one
     assert re.search(r"step\s+10\s+loss\s+\d", r.stdout + r.stderr)  # the metric line of the last step
 
 

@@ -271,7 +271,7 @@ def apply() -> list[str]:
         _cpu_tensor_cuda()
         installed += ["cpu_rng", "cpu_streams_and_device", "cpu_split_sizes", "cpu_allocations", "cpu_tensor_type_names",
                       "cpu_tensor_cuda"]
-        if os.environ.get("MOE_HYDRA_CPU_BF16_GEMMS") == "fp32" and _cpu_bf16_gemms():  # opt-in: docs/cpu.md
+        if os.environ.get("MOE_HYDRA_CPU_BF16_GEMMS") != "torch" and _cpu_bf16_gemms():  # opt-out: docs/cpu.md
             installed.append("cpu_bf16_gemms_in_fp32")
     if not te_available():
         _te_general_gemm()

@@ -51,6 +51,16 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 STOP_SIGNALS = tuple(signal.Signals[name] for name in results_schema.SIGNALS)
 
 
+def cpu_threads(local_world: int) -> int:
+    """Intra-op threads for one CPU rank: ``OMP_NUM_THREADS`` when set; else the cores this process may run on
+    (its affinity: a Slurm allocation, not the node), less one left to the launcher and the ranks' gloo and logging
+    threads, shared among the node's ``local_world`` ranks; at least 1. On the 2-vCPU CI machine one thread ran the
+    default job's step faster than two, and with half the run-to-run noise (docs/cpu.md)."""
+    if (given := os.environ.get("OMP_NUM_THREADS", "").strip()).isdigit() and int(given) > 0:
+        return int(given)
+    return max(1, (len(os.sched_getaffinity(0)) - 1) // max(1, local_world))
+
+
 class Stopped(Exception):
     """The job stopped on a signal after recording what it measured; ``code`` is the conventional exit code."""
 
@@ -187,7 +197,7 @@ class Job:
         if self.on_gpu:
             torch.cuda.set_device(self.local_rank)
         else:
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+            torch.set_num_threads(cpu_threads(local_world))
         if not dist.is_initialized():
             dist.init_process_group("nccl" if self.on_gpu else "gloo")
         self.rank, self.world = dist.get_rank(), dist.get_world_size()

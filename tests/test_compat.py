@@ -88,3 +88,11 @@ def test_a_cpu_rank_takes_its_share_of_the_allowed_cores_less_one(monkeypatch, o
     else:
         monkeypatch.setenv("OMP_NUM_THREADS", omp)
     assert cpu_threads(local_world) == want
+
+
+def test_without_an_affinity_call_the_cores_are_the_machines(monkeypatch):
+    """macOS has no sched_getaffinity."""
+    monkeypatch.delattr(os, "sched_getaffinity")
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert cpu_threads(2) == 3

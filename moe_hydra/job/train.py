@@ -58,7 +58,8 @@ def cpu_threads(local_world: int) -> int:
     default job's step faster than two, and with half the run-to-run noise (docs/cpu.md)."""
     if (given := os.environ.get("OMP_NUM_THREADS", "").strip()).isdigit() and int(given) > 0:
         return int(given)
-    return max(1, (len(os.sched_getaffinity(0)) - 1) // max(1, local_world))
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # macOS
+    return max(1, (allowed - 1) // max(1, local_world))
 
 
 class Stopped(Exception):

@@ -183,6 +183,7 @@ def bare_worker(steps: int, first: int, out_dir: str) -> None:
     import torch.distributed as dist
 
     from moe_hydra.job import compat
+    from moe_hydra.job.train import cpu_threads
 
     compat.apply()  # the CPU shims (and the no-TE fixes); changes nothing on a GPU with TE
     on_gpu = torch.cuda.is_available()
@@ -191,7 +192,7 @@ def bare_worker(steps: int, first: int, out_dir: str) -> None:
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     else:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+        torch.set_num_threads(cpu_threads(int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))  # as the job does
         device = torch.device("cpu")
     dist.init_process_group("nccl" if on_gpu else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -475,8 +476,8 @@ def main() -> None:
         print(f"{'':20s}  per repeat: moe_hydra {' '.join(f'{r[key]:.1f}' for r in ours)}   "
               f"bare {' '.join(f'{r[key]:.1f}' for r in bare)}   pair ratios {' '.join(f'{x:.3f}' for x in pairs)}"
               f" (median {statistics.median(pairs):.3f})")
-    # Both programs keep every core busy (the CPU: one thread per core); a 1-minute load average well above the
-    # cores means other work shared them during the runs, which moves a run's mean by far more than 2 %.
+    # Both programs keep the cores busy (the CPU: a thread per core, one left over); a 1-minute load average well
+    # above the cores means other work shared them during the runs, which moves a run's mean by far more than 2 %.
     cores = os.cpu_count() or 1
     print(f"load average (1 min) after each pair: {' '.join(f'{x:.1f}' for x in loads)} on {cores} cores"
           + ("  -- other work shared the machine: the ratio is not reliable to 2 %" if max(loads) > cores + 0.5

@@ -18,7 +18,7 @@ printing a ratio. No field is skipped silently: :data:`IGNORED_FIELDS` lists wha
 :data:`NORMALIZED` what is rewritten before comparing.
 
 Both sides start their ranks the same way (torch's elastic launcher, c10d rendezvous on localhost, spawn), with
-the same threads per rank (the CPU's cores / processes; torch's default on a GPU), seeds and layout (EP = the
+the same threads per rank (on the CPU the job's ``train.cpu_threads``; torch's default on a GPU), seeds and layout (EP = the
 process count, ETP 1), and time a step the same way: the ranks meet at a barrier, then the step is timed on each
 rank (host clock; on a GPU up to ``torch.cuda.synchronize``), and the step's time is the slowest rank's. On a GPU the bare loop uses NCCL and ``cuda:LOCAL_RANK``, and the job runs with a GPU
 hardware preset (``--hardware``, default h200_sxm); on the CPU, gloo and ``hardware=local_cpu``.

@@ -365,6 +365,23 @@ def test_gpt_oss_clamped_quick_geglu_travels_as_its_megatron_lm_flags(composer):
     assert any("model.activation_func=quick_gelu" in u for u in bridge.unmapped)
 
 
+@pytest.mark.parametrize("model,flag", [("qwen3_30b_a3b", "--no-bias-swiglu-fusion"),
+                                        ("gpt_oss_20b", "--no-bias-gelu-fusion"),  # quick-geglu: Megatron-LM's gelu flag
+                                        ("gpt3_175b", "--no-bias-gelu-fusion")])
+def test_an_unfused_activation_travels_as_the_flag_of_its_activation(composer, model, flag):
+    for fused in (True, False):
+        ov = [f"model={model}", "hardware=h100_sxm", f"kernels.bias_activation_fusion={str(fused).lower()}"]
+        cfg = composer(ov)
+        x = export.export("megatron-lm", cfg, resolve(cfg), ov)
+        flags = {line[0] for line in x.lines}
+        assert not {"--no-bias-swiglu-fusion", "--no-bias-gelu-fusion"} & flags if fused else flag in flags
+        words = x.text.split()
+        got = ingest.ingest("megatron-lm", words=words[words.index("torchrun"):], hardware="h100_sxm")
+        assert composer(got.overrides).kernels.bias_activation_fusion is fused
+        bridge = export.export("bridge", cfg, resolve(cfg), ov)
+        assert f"model.bias_activation_fusion={str(fused).lower()}" in bridge.text
+
+
 def _cli(module: str, *args: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
     return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True,

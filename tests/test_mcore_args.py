@@ -9,6 +9,7 @@ import pytest
 from moe_hydra.core.resolved import Implementation, resolve
 from moe_hydra.core.versions import mcore_facts
 from moe_hydra.job.mcore_args import FUSIONS, transformer_config_kwargs
+from moe_hydra.job.train import _DTYPES
 from tests.conftest import compose_config
 
 PRESETS = [["model=deepseek_v3", "hardware=h100_sxm", "hardware.nodes=128", "mesh=dsv3_h100_1024"],
@@ -37,7 +38,8 @@ def test_cpu_mapping_turns_off_fusions_and_batched_p2p():
     assert kw["use_cpu_initialization"] and all(kw[f] is False for f in FUSIONS)
     assert kw["batch_p2p_comm"] is False and kw["overlap_p2p_comm"] is True
     gpu = transformer_config_kwargs(_with_te(cfg), mcore_facts(), on_gpu=True)
-    assert not any(f in gpu for f in FUSIONS) and gpu["batch_p2p_comm"] is False
+    assert [f for f in FUSIONS if f in gpu] == ["bias_activation_fusion"] and gpu["bias_activation_fusion"] is True
+    assert gpu["batch_p2p_comm"] is False
     no_vpp = transformer_config_kwargs(_with_te(compose_config("hardware=h100_sxm", "attention_mesh=pp2")), mcore_facts(),
                                        on_gpu=True)
     assert no_vpp["overlap_p2p_comm"] is False and no_vpp["batch_p2p_comm"] is True  # Megatron's non-interleaved rule
@@ -69,3 +71,28 @@ def test_gpt_oss_runs_its_clamped_quick_geglu():
     plain = transformer_config_kwargs(resolve(compose_config()), mcore_facts(), on_gpu=False)
     assert (plain["activation_func"], plain["activation_func_clamp_value"], plain["glu_linear_offset"]) == (
         "silu", None, 0.0)
+
+
+@pytest.mark.parametrize("overrides,fused", [
+    (["model=qwen3_30b_a3b"], True), (["model=gpt_oss_20b"], True), (["model=gpt3_175b"], True),  # gelu with bias
+    (["model=gpt3_175b", "model.add_bias_linear=false"], False),  # Megatron fuses gelu only with its bias
+    (["model=qwen3_30b_a3b", "model.activation_func=gelu"], False),  # routed experts fuse swiglu / quick_geglu only
+    (["model=qwen3_30b_a3b", "kernels.bias_activation_fusion=false"], False)])
+def test_the_activation_is_fused_where_megatron_core_fuses_it_and_its_config_accepts_that(overrides, fused):
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    cfg = compose_config("hardware=h100_sxm", "model.num_layers=4", "model.moe_layer_freq=1", *overrides)
+    r = _with_te(cfg)
+    assert r.impl.activation == ("fused" if fused else "unfused")
+    kw = transformer_config_kwargs(r, mcore_facts(), on_gpu=True)
+    assert kw["bias_activation_fusion"] is fused
+    import torch
+    from megatron.core.fusions.fused_bias_geglu import quick_gelu
+
+    act = quick_gelu if kw["activation_func"] == "quick_gelu" else getattr(torch.nn.functional, kw["activation_func"])
+    dtypes = {k: getattr(torch, _DTYPES[kw[k]]) for k in ("params_dtype", "pipeline_dtype")}  # as the job does
+    TransformerConfig(**{**kw, **dtypes, "activation_func": act})  # Megatron-Core's own checks accept it
+    assert resolve(cfg).impl.activation == r.impl.activation  # the plan: hardware=h100_sxm declares TE
+    cpu = resolve(compose_config(*overrides))  # hardware=local_cpu: no TE, torch ops
+    assert cpu.impl.activation == "unfused"
+    assert transformer_config_kwargs(cpu, mcore_facts(), on_gpu=False)["bias_activation_fusion"] is False

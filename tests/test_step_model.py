@@ -186,6 +186,25 @@ def test_the_kernels_between_the_gemms_weigh_on_a_narrow_top8_moe_layer_not_on_a
     assert moe_bytes == 0 and dense_bytes > 0
 
 
+def test_an_unfused_activation_moves_more_through_hbm_and_keeps_more_in_memory():
+    """Without bias_activation_fusion a routed GLU runs five torch ops (activation, product, probabilities' weighting,
+    and the chunk's gradient concatenated): (7 + 15) / 3 forward-equivalent elements of the width against the fused
+    kernel's 3; the gate's activation and the product stay in memory."""
+    fused = resolve(compose_config("stage=plan", "model=qwen3_30b_a3b", H100))
+    unfused = resolve(compose_config("stage=plan", "model=qwen3_30b_a3b", H100, "kernels.bias_activation_fusion=false"))
+    assert (fused.impl.activation, unfused.impl.activation) == ("fused", "unfused")
+    a = fused.arch
+    (dense_f, moe_f), (dense_u, moe_u) = (step_model.elementwise_bytes(a, f) for f in (True, False))
+    assert dense_f == dense_u  # every Qwen3-30B-A3B MLP is a MoE layer: the attention blocks alone
+    assert moe_u - moe_f == pytest.approx(step_model._STREAMED * (22 / 3 - 3) * a.topk * a.moe_ffn * a.moe_blocks)
+    assert _terms("model=qwen3_30b_a3b", H100, "kernels.bias_activation_fusion=false")["compute"] > _terms(
+        "model=qwen3_30b_a3b", H100)["compute"]
+    from moe_hydra.planning import memory
+
+    terms_f, terms_u = memory.layer_terms(fused, True), memory.layer_terms(unfused, True)
+    assert set(terms_u) - set(terms_f) == {"moe_act_unfused"} and terms_u["moe_act_unfused"] == 2 * terms_f["moe_act"]
+
+
 def test_a_clamped_glu_moves_its_clamped_copy_through_hbm():
     """GPT-OSS's clamp (Megatron-Core's chunk, two clamps and cat before the fused quick-GEGLU, and their backward):
     6 forward-equivalent elements of the expert width per routed copy, beside the fused kernel's 3."""

@@ -62,6 +62,18 @@ def activation_func(m: Any) -> str:
     return m.activation_func or ("silu" if m.gated_linear_unit else "gelu")
 
 
+def activation_fusable(m: Any) -> bool:
+    """Whether Megatron-Core can fuse the bias add and the activation (``bias_activation_fusion``) for model config
+    ``m``: TransformerConfig accepts gelu, swiglu or quick_geglu (gelu without a GLU only with a bias, quick_gelu only
+    with one, ``glu_linear_offset`` only with quick_gelu), and routed experts fuse only swiglu and quick_geglu."""
+    act, glu = activation_func(m), m.gated_linear_unit
+    if act not in ("silu", "gelu", "quick_gelu") or (m.glu_linear_offset and act != "quick_gelu"):
+        return False
+    if not glu and (act == "quick_gelu" or (act == "gelu" and not m.add_bias_linear)):
+        return False
+    return not m.num_moe_experts or (glu and act in ("silu", "quick_gelu"))
+
+
 def _left_window(window_size: Any) -> int:
     """The keys before the query a window admits (``window_size`` [left, right]; -1 or none: unbounded -> 0)."""
     return int(window_size[0]) if window_size and window_size[0] >= 0 else 0

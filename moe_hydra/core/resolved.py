@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from moe_hydra.core import bounds
-from moe_hydra.core.arch import Arch
+from moe_hydra.core.arch import Arch, activation_fusable
 from moe_hydra.core.layout import Layout
 from moe_hydra.core.pipeline import RankLayers, assign
 from moe_hydra.core.violations import LayoutError
@@ -79,6 +79,9 @@ class Implementation:
     experts: str
     # Adam: fused (TE / Apex) | torch (Megatron's fallback, which holds an fp32 temporary of the shard it steps)
     optimizer: str
+    # the MLPs' bias add and activation: fused (one kernel, bias_activation_fusion: kernels.bias_activation_fusion
+    # with TE on a GPU, for an activation Megatron-Core fuses) | unfused (torch ops, each through HBM)
+    activation: str
     # what CUDA graphs capture: kernels.cuda_graph_scope; ("full",) (whole layers) when graphs are on with no scope
     # listed; ("full_iteration",) for cuda_graph_impl=full_iteration; () when graphs are off
     cuda_graph_scope: tuple[str, ...]
@@ -95,6 +98,7 @@ class Implementation:
             attention="flash" if te and k.attention_backend in FUSED_ATTENTION else "unfused",
             experts="grouped" if k.moe_grouped_gemm and gpu and (te or grouped_gemm) else "sequential",
             optimizer="fused" if gpu and (te or apex) else "torch",
+            activation="fused" if te and k.bias_activation_fusion and activation_fusable(cfg.model) else "unfused",
             cuda_graph_scope=_graphed(k),
             source=source,
         )

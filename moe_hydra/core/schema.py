@@ -285,6 +285,10 @@ class KernelsConfig:
     # Engine, auto / flash / fused run a fused kernel that keeps no score matrix; unfused (TE's) and local
     # (Megatron-Core's DotProductAttention) materialise the scores. Without TE every backend runs the local one.
     attention_backend: str = "auto"
+    # Megatron-Core's TransformerConfig.bias_activation_fusion: the MLPs' bias add and (gated) activation in one
+    # kernel. On, as Megatron-Bridge's performance recipes and Megatron-LM's command line run it (Megatron-Core's
+    # own default is off); it runs with TE on a GPU, for an activation Megatron-Core fuses (Resolved.impl.activation)
+    bias_activation_fusion: bool = True
 
 
 @dataclass(kw_only=True, slots=True)

@@ -637,6 +637,25 @@ def _activation() -> tuple[Entry, Entry]:
     return gate, func
 
 
+def _bias_activation_fusion() -> Entry:
+    """Megatron-LM fuses by default and turns it off with the flag of its activation: ``--no-bias-swiglu-fusion``
+    with ``--swiglu``, else ``--no-bias-gelu-fusion`` (its core_transformer_config_from_args); Bridge takes the
+    TransformerConfig field."""
+    key, swiglu, gelu = "kernels.bias_activation_fusion", "--no-bias-swiglu-fusion", "--no-bias-gelu-fusion"
+
+    def flag(g_or_glu: bool) -> str:
+        return swiglu if g_or_glu else gelu
+
+    return custom((key,), (swiglu, gelu), ("model.bias_activation_fusion",), "kernels",
+                  "bias add and activation in one kernel",
+                  values=lambda s: {key: s.cfg.kernels.bias_activation_fusion},
+                  to_mlm=lambda v, s: [] if v[key] else [[flag(
+                      s.cfg.model.gated_linear_unit and activation_func(s.cfg.model) == "silu")]],
+                  from_mlm=lambda g: {key: not g.switch(flag(g.switch("--swiglu")))},
+                  to_bridge=lambda v, s: [("model.bias_activation_fusion", v[key])],
+                  from_bridge=lambda b: _bridge_keys(b, ("model.bias_activation_fusion", key)))
+
+
 def _window() -> Entry:
     key = "model.window_size"
 
@@ -1057,6 +1076,7 @@ TABLE: tuple[Entry, ...] = (
     _cuda_graph_scope(),
     value("kernels.attention_backend", type=str, absent="auto", choices=ATTENTION_BACKENDS,
           group="kernels", doc="attention kernels: TE's fused (auto, flash, fused) or unfused, or Megatron-Core's local"),
+    _bias_activation_fusion(),
     switch("overlap.overlap_grad_reduce", bridge="ddp", group="overlap", doc="DP gradient reduce overlap"),
     switch("overlap.overlap_param_gather", bridge="ddp", group="overlap", doc="parameter all-gather overlap"),
     switch("overlap.tp_comm_overlap", group="overlap", doc="TP communication overlap"),

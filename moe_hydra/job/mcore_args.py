@@ -138,4 +138,6 @@ def transformer_config_kwargs(resolved: Resolved, mcore: McoreFacts, *, on_gpu: 
         )
     if not (on_gpu and with_te):
         kw.update({name: False for name in FUSIONS})
+    else:  # what the plan says runs (kernels.bias_activation_fusion where Megatron-Core fuses the activation)
+        kw["bias_activation_fusion"] = resolved.impl.activation == "fused"
     return kw

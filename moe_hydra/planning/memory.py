@@ -48,6 +48,10 @@ named terms so recompute and offload remove exactly the terms they remove in Meg
     expert_fc1     Th x k x ETP x h                   dispatched tokens (top-k duplicated)  [moe]
     expert_act_in  Th x k x fc1 width                 expert fc1 output                      [moe]
     moe_act        Th x k x fe                        expert activation output   [moe_act, moe]
+    moe_act_unfused Th x k x 2 fe                     without bias_activation_fusion (impl.activation unfused):
+                                                      the gate's activation and the GLU product, kept by the
+                                                      ops after them (a dense or shared GLU MLP: the first, in
+                                                      its own term)                       [moe_act, moe]
     expert_probs   Th x k fp32                        the routing probs the experts' activation weights by
                                                       (Megatron-Core applies them there, so the combine
                                                       keeps no expert output)                    [moe]
@@ -104,8 +108,9 @@ RECOMPUTE_DROPS = {
     "layernorm": ("qkv_linear", "mlp_input"),
     "mla_up_proj": ("core_attn",),
     "mlp": ("mlp",),
-    "moe_act": ("moe_act", "moe_act_clamped"),
-    "moe": ("router", "expert_fc1", "expert_act_in", "moe_act", "moe_act_clamped", "expert_probs", "shared_experts"),
+    "moe_act": ("moe_act", "moe_act_clamped", "moe_act_unfused"),
+    "moe": ("router", "expert_fc1", "expert_act_in", "moe_act", "moe_act_clamped", "moe_act_unfused", "expert_probs",
+            "shared_experts"),
     "shared_experts": ("shared_experts",),
 }
 # Terms each fine-grained offload module moves to the host (``offload_modules``).
@@ -219,8 +224,10 @@ def layer_terms(r: Resolved, moe: bool) -> dict[str, float]:
     t["mlp_norm"] = rows * h * e
     t["mlp_input"] = rows * h * q
     glu = 2 if a.glu else 1
+    # unfused (torch ops, no bias_activation_fusion), a GLU's product keeps the gate's activation beside its input
+    unfused = r.impl.activation == "unfused" and a.glu
     if not moe:
-        t["mlp"] = tokens * a.ffn / tp * (glu * e * (2 if a.glu_clamp else 1) + q)  # a clamped GLU: as below
+        t["mlp"] = tokens * a.ffn / tp * ((glu * (2 if a.glu_clamp else 1) + unfused) * e + q)  # clamped: as below
         return t
     ro = cfg.routing
     capacity = ro.moe_expert_capacity_factor if ro.moe_pad_expert_input_to_capacity and ro.moe_expert_capacity_factor else 1.0
@@ -231,9 +238,11 @@ def layer_terms(r: Resolved, moe: bool) -> dict[str, float]:
     t["moe_act"] = routed * a.moe_ffn * q
     if a.glu_clamp:  # the clamped copy the fused activation keeps, beside fc1's output that the clamps keep
         t["moe_act_clamped"] = routed * glu * a.moe_ffn * e
+    if unfused:  # the gate's activation (kept by the product) and the product (kept by the probabilities' weighting)
+        t["moe_act_unfused"] = routed * 2 * a.moe_ffn * e
     t["expert_probs"] = routed * 4
     if a.shared_ffn:
-        t["shared_experts"] = tokens * (glu + 1) * a.shared_ffn / tp * e
+        t["shared_experts"] = tokens * (glu + 1 + unfused) * a.shared_ffn / tp * e
     return t
 
 

@@ -9,8 +9,8 @@ megatron.
     world_size, min_gpus, layout, parallel, experts_per_rank, pipeline, batch, seq_length, implementation
                                  the resolved plan (moe_hydra.core.resolved.Resolved.as_dict): both meshes in
                                  Megatron's names + data_parallel_size, expert_data_parallel_size; what each
-                                 pipeline rank holds; the batch; the layers, attention, experts and Adam
-                                 that run and where that was decided
+                                 pipeline rank holds; the batch; the layers, attention, experts, Adam and
+                                 the MLPs' activation (fused or not) that run, and where that was decided
     params_total, params_active  whole model (MTP included); active = with top-k experts
     params_per_rank              the most-loaded rank (max over pipeline stages)
     params_per_stage             one rank of each pipeline stage: dense / expert / total

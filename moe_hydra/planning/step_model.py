@@ -196,7 +196,8 @@ class StepModel:
             scores = arch.heads * self.seq * arch.blocks
             self.attention_s = 2 * full / bf16_gemm + scores * k.unfused_attention_bytes_per_score / streamed
         self.expert_flops = fl.routed_experts
-        dense_bytes, moe_bytes = elementwise_bytes(arch)  # per token, the non-GEMM kernels' HBM traffic
+        # per token, the non-GEMM kernels' HBM traffic
+        dense_bytes, moe_bytes = elementwise_bytes(arch, r.impl.activation == "fused")
         self.elementwise_s = (dense_bytes / streamed, moe_bytes / streamed)
         self.replicated_s = replicated_bytes(arch) / streamed
         self.layers, self.moe_layers = arch.blocks, arch.moe_blocks
@@ -365,7 +366,27 @@ _STREAMED = 2 * 3  # HBM bytes per bf16 activation element a kernel reads or wri
 _NORM_AND_ADD = 2 + 3  # elements of h a block's norm (reads and writes h) and residual add (reads 2h, writes h) move
 
 
-def elementwise_bytes(a: Arch) -> tuple[float, float]:
+def _activation_elements(a: Arch, fused: bool, routed: bool) -> float:
+    """Forward-equivalent elements of an MLP's width (forward + backward elements / 3, :data:`_STREAMED`'s
+    convention) that its bias add and activation move. Fused (one kernel): a GLU reads 2 and writes 1, a plain
+    activation reads and writes 1; a clamped GLU 6 more (:func:`elementwise_bytes`). Unfused (torch ops, Megatron-Core's
+    path without bias_activation_fusion): a GLU's activation of the gate (read 1, write 1) and product with the
+    linear half (read 2, write 1), backward the product's (read 3, write 2), the activation's (read 2, write 1) and
+    the chunk's gradient concatenated (read 2, write 2): 5 + 12; a plain gelu's bias add and gelu (read 1, write 1
+    each), backward (read 2, write 1; the bias gradient reads 1): 4 + 4; routed experts then multiply by the router's
+    probabilities (read 1, write 1; backward read 2, write 1); a clamp's two clamps and the offset add (read 1,
+    write 1 each; backward the masks read 2, write 1 each). quick_gelu's own three ops are counted as one."""
+    if fused:
+        return (3 + (6 if a.glu_clamp else 0)) if a.glu else 2
+    fwd, bwd = (5, 12) if a.glu else (4, 4)
+    if routed:
+        fwd, bwd = fwd + 2, bwd + 3
+    if a.glu_clamp:
+        fwd, bwd = fwd + 6, bwd + 6
+    return (fwd + bwd) / 3
+
+
+def elementwise_bytes(a: Arch, fused_activation: bool = True) -> tuple[float, float]:
     """Bytes per token that the kernels between the GEMMs move through HBM in a step (forward and backward, three
     times the forward's reads and writes of bf16 activations), over every layer: (attention blocks and dense MLPs,
     MoE layers). Per layer: each norm reads and writes h, each residual add reads 2h and writes h, RoPE reads and
@@ -377,9 +398,10 @@ def elementwise_bytes(a: Arch) -> tuple[float, float]:
     ``weighted_bias_quick_geglu_impl`` chunks it, clamps each half (each reads and writes one width) and concatenates
     them (reads and writes two); in the backward the clamps' masks read the gradient and the input and write one
     width each, and the chunk's gradient is concatenated again: 8 + 10 elements of the width, 6 forward-equivalents
-    more than the fused kernel's 3."""
+    more than the fused kernel's 3. ``fused_activation``: whether the bias add and activation run fused
+    (``Resolved.impl.activation``); unfused, torch's ops move more (:func:`_activation_elements`)."""
     h = a.h
-    act = (3 + (6 if a.glu_clamp else 0)) if a.glu else 2
+    act, routed_act = (_activation_elements(a, fused_activation, routed) for routed in (False, True))
     if a.mla:
         rope = 2 * (a.heads + 1) * a.qk_pos_emb_head_dim
     else:
@@ -387,7 +409,7 @@ def elementwise_bytes(a: Arch) -> tuple[float, float]:
     norm_and_add = _NORM_AND_ADD * h
     attention = norm_and_add + rope
     dense_mlp = norm_and_add + act * a.ffn
-    moe = (norm_and_add + 4 * a.experts + 2 * (1 + a.topk) * h + act * a.topk * a.moe_ffn
+    moe = (norm_and_add + 4 * a.experts + 2 * (1 + a.topk) * h + routed_act * a.topk * a.moe_ffn
            + act * a.shared_ffn)
     return (_STREAMED * (attention * a.blocks + dense_mlp * a.dense_blocks), _STREAMED * moe * a.moe_blocks)
 

@@ -225,10 +225,11 @@ def bare_worker(steps: int, first: int, out_dir: str) -> None:
     # Transformer Engine's layers on a GPU where it is installed, Megatron's local (torch) layers otherwise; the
     # fused kernels are TE/Apex kernels, off without TE. Grouped-GEMM experts: the GPU presets' choice, where TE or
     # the grouped_gemm package provides them (the benchmark passes kernels.moe_grouped_gemm=false to the job
-    # otherwise); sequential experts on the CPU.
+    # otherwise); sequential experts on the CPU. With TE, the swiglu's bias add and activation fused (the
+    # performance recipes' choice, kernels.bias_activation_fusion's default).
     use_te = on_gpu and compat.te_available()
     grouped_gemm = on_gpu and (use_te or importlib.util.find_spec("grouped_gemm") is not None)
-    no_fusions = {} if use_te else dict.fromkeys(
+    fusions = {"bias_activation_fusion": True} if use_te else dict.fromkeys(
         ("bias_dropout_fusion", "bias_activation_fusion", "apply_rope_fusion", "masked_softmax_fusion",
          "persist_layer_norm", "gradient_accumulation_fusion"), False)
     cfg = TransformerConfig(
@@ -264,7 +265,7 @@ def bare_worker(steps: int, first: int, out_dir: str) -> None:
         tp_comm_overlap=False, overlap_p2p_comm=False, batch_p2p_comm=on_gpu,
         overlap_moe_expert_parallel_comm=False, delay_wgrad_compute=False, moe_shared_expert_overlap=False,
         use_cpu_initialization=not on_gpu,
-        **no_fusions,
+        **fusions,
     )
     # The model: Megatron's own initialisation from the seed (the job runs with train.layout_invariant_init=false).
     torch.manual_seed(SEED)

@@ -643,8 +643,8 @@ def _bias_activation_fusion() -> Entry:
     TransformerConfig field."""
     key, swiglu, gelu = "kernels.bias_activation_fusion", "--no-bias-swiglu-fusion", "--no-bias-gelu-fusion"
 
-    def flag(g_or_glu: bool) -> str:
-        return swiglu if g_or_glu else gelu
+    def flag(runs_swiglu: bool) -> str:
+        return swiglu if runs_swiglu else gelu
 
     return custom((key,), (swiglu, gelu), ("model.bias_activation_fusion",), "kernels",
                   "bias add and activation in one kernel",

@@ -9,7 +9,7 @@ import pytest
 from moe_hydra.core.resolved import Implementation, resolve
 from moe_hydra.core.versions import mcore_facts
 from moe_hydra.job.mcore_args import FUSIONS, transformer_config_kwargs
-from moe_hydra.job.train import _DTYPES
+from moe_hydra.job.train import live_transformer_config
 from tests.conftest import compose_config
 
 PRESETS = [["model=deepseek_v3", "hardware=h100_sxm", "hardware.nodes=128", "mesh=dsv3_h100_1024"],
@@ -79,19 +79,12 @@ def test_gpt_oss_runs_its_clamped_quick_geglu():
     (["model=qwen3_30b_a3b", "model.activation_func=gelu"], False),  # routed experts fuse swiglu / quick_geglu only
     (["model=qwen3_30b_a3b", "kernels.bias_activation_fusion=false"], False)])
 def test_the_activation_is_fused_where_megatron_core_fuses_it_and_its_config_accepts_that(overrides, fused):
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
     cfg = compose_config("hardware=h100_sxm", "model.num_layers=4", "model.moe_layer_freq=1", *overrides)
     r = _with_te(cfg)
     assert r.impl.activation == ("fused" if fused else "unfused")
     kw = transformer_config_kwargs(r, mcore_facts(), on_gpu=True)
     assert kw["bias_activation_fusion"] is fused
-    import torch
-    from megatron.core.fusions.fused_bias_geglu import quick_gelu
-
-    act = quick_gelu if kw["activation_func"] == "quick_gelu" else getattr(torch.nn.functional, kw["activation_func"])
-    dtypes = {k: getattr(torch, _DTYPES[kw[k]]) for k in ("params_dtype", "pipeline_dtype")}  # as the job does
-    TransformerConfig(**{**kw, **dtypes, "activation_func": act})  # Megatron-Core's own checks accept it
+    assert live_transformer_config(kw).bias_activation_fusion is fused  # the job's build: Megatron-Core's checks pass
     assert resolve(cfg).impl.activation == r.impl.activation  # the plan: hardware=h100_sxm declares TE
     cpu = resolve(compose_config(*overrides))  # hardware=local_cpu: no TE, torch ops
     assert cpu.impl.activation == "unfused"

@@ -171,6 +171,35 @@ class MemoryPhases:
         return [*self.peak, *(self.phases[p] for p in self.PHASES), self.after_first_step or 0]
 
 
+
+def live_transformer_config(kw: dict):
+    """Megatron-Core's (MLA)TransformerConfig from ``mcore_args.transformer_config_kwargs``' plain values: dtype,
+    activation and attention-backend names become the torch / Megatron objects. A field this megatron-core lacks is
+    an error when the config sets it (a silent drop would run a different model)."""
+    import torch
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+
+    kw = dict(kw)
+    for key in ("params_dtype", "pipeline_dtype"):
+        kw[key] = getattr(torch, _DTYPES[kw[key]])
+    if kw["activation_func"] == "quick_gelu":
+        from megatron.core.fusions.fused_bias_geglu import quick_gelu
+
+        kw["activation_func"] = quick_gelu
+    else:
+        kw["activation_func"] = getattr(torch.nn.functional, kw["activation_func"])
+    if "attention_backend" in kw:
+        from megatron.core.transformer.enums import AttnBackend
+
+        kw["attention_backend"] = AttnBackend[kw["attention_backend"]]
+    cls = MLATransformerConfig if kw.get("multi_latent_attention") else TransformerConfig
+    known = {f.name for f in dataclasses.fields(cls)}
+    dropped = {k: v for k, v in kw.items() if k not in known and v not in (None, False)}
+    if dropped:
+        raise ValueError(f"megatron-core {mcore_facts().version} has no field(s) {sorted(dropped)} "
+                         f"that this config sets: {dropped}")
+    return cls(**{k: v for k, v in kw.items() if k in known})
+
 class Job:
     """One rank of the job: :meth:`run` trains and measures. ``stage=fit`` (moe_hydra.job.fit) reuses the setup
     steps — :meth:`init_model_parallel`, :meth:`transformer_config`, :meth:`build_model` — on a fake
@@ -224,31 +253,9 @@ class Job:
         )
 
     def transformer_config(self):
-        import torch
-        from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
-
         from moe_hydra.job.mcore_args import transformer_config_kwargs
 
-        kw = transformer_config_kwargs(self.r, mcore_facts(), on_gpu=self.on_gpu)
-        for key in ("params_dtype", "pipeline_dtype"):
-            kw[key] = getattr(torch, _DTYPES[kw[key]])
-        if kw["activation_func"] == "quick_gelu":
-            from megatron.core.fusions.fused_bias_geglu import quick_gelu
-
-            kw["activation_func"] = quick_gelu
-        else:
-            kw["activation_func"] = getattr(torch.nn.functional, kw["activation_func"])
-        if "attention_backend" in kw:
-            from megatron.core.transformer.enums import AttnBackend
-
-            kw["attention_backend"] = AttnBackend[kw["attention_backend"]]
-        cls = MLATransformerConfig if kw.get("multi_latent_attention") else TransformerConfig
-        known = {f.name for f in dataclasses.fields(cls)}
-        dropped = {k: v for k, v in kw.items() if k not in known and v not in (None, False)}
-        if dropped:
-            raise ValueError(f"megatron-core {mcore_facts().version} has no field(s) {sorted(dropped)} "
-                             f"that this config sets: {dropped}")
-        return cls(**{k: v for k, v in kw.items() if k in known})
+        return live_transformer_config(transformer_config_kwargs(self.r, mcore_facts(), on_gpu=self.on_gpu))
 
     def build_model(self, tcfg):
         import torch

@@ -168,9 +168,12 @@ def test_each_layout_keeps_its_fastest_communication_setting_that_fits():
     assert chosen.terms["step"] == pytest.approx(min(r.terms["step"] for r in fitting))
     assert (chosen.comm.dispatcher, chosen.comm.ep_overlap) == ("deepep", True)
     assert chosen.memory_gib == pytest.approx(each[("deepep", "true")].memory_gib)
-    # inside one node the flex dispatcher is not tried (the model gives the all-to-all the same time)
-    in_node = both.evaluate(search.Candidate(2, 1, 8, 4, 8, 1, 1, c.split))
-    assert in_node.comm.dispatcher == "alltoall"
+    # inside one node too the flex dispatcher sends fewer copies (once per rank, not per expert): it wins where it fits
+    in_node = search.Candidate(2, 1, 8, 4, 8, 1, 1, c.split)
+    alltoall = search.Search(compose_config("stage=plan", "model=qwen3_235b_a22b", H100, "hardware.nodes=32",
+                                            "dispatcher=alltoall", "overlap.overlap_moe_expert_parallel_comm=false"))
+    assert both.evaluate(in_node).comm.dispatcher == "deepep"
+    assert both.evaluate(in_node).terms["step"] < alltoall.evaluate(in_node).terms["step"]
 
 
 def test_forked_search_equals_the_serial_one():

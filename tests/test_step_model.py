@@ -3,6 +3,7 @@ How well it predicts measured runs is tests/test_calibration.py's (held out)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -229,6 +230,21 @@ def test_a_moe_layers_small_kernels_cost_their_time_per_layer_and_micro_batch():
         k.gpu_ms_per_moe_layer * 1e-3 * moe_layers_per_stage * r.batch.micro_batches_per_step)
     assert _terms("model=gpt3_175b", H100)["compute"] == pytest.approx(
         _terms("model=gpt3_175b", H100, "step_model.gpu_ms_per_moe_layer=0")["compute"])  # no MoE layer
+
+
+def test_a_flex_dispatcher_sends_a_token_once_per_rank_the_alltoall_dispatcher_once_per_expert():
+    """Inside one node: every top-k choice of tiny_moe's 8 experts (2 a rank over EP 4) counted from rank 0."""
+    r = resolve(compose_config("stage=plan", "model=tiny_moe", H100, "parallel.expert_model_parallel_size=4"))
+    a, model, lo = r.arch, StepModel(r), r.layout
+    local = a.experts // lo.ep
+    choices = list(itertools.combinations(range(a.experts), a.topk))
+    per_rank = sum(len({e // local for e in c} - {0}) for c in choices) / len(choices)
+    per_expert = sum(sum(e // local != 0 for e in c) for c in choices) / len(choices)
+    assert (model.nvlink_copies(lo, True), model.nvlink_copies(lo, False)) == pytest.approx((per_rank, per_expert))
+    assert per_rank < per_expert  # two experts on one other rank: one copy, not two
+    worst = max(plan.assess(r).ranks, key=lambda x: x.total)
+    flex, alltoall = (model.terms(r, worst.dense, worst.expert, r.cfg.recompute, f)["ep"] for f in (True, False))
+    assert flex / alltoall == pytest.approx(per_rank / per_expert)
 
 
 def test_without_sequence_parallelism_every_tp_rank_runs_the_norms_and_adds_on_every_token():

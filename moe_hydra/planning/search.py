@@ -23,8 +23,8 @@ with the candidate; a candidate that fits with none of them is kept as ``fits: f
 strategy with a flex dispatcher and EP overlap than without. A layout keeps the fastest setting that
 passes the rules that read it (dispatcher L35-L45, EP overlap L65-L73) and fits at the layout's least
 recompute or above (a flex dispatcher's buffers and EP overlap's extra layer in flight cost
-memory). A flex dispatcher is tried only where the EP group leaves the NVLink domain: inside it, the
-step-time model gives it the time of the all-to-all.
+memory). A flex dispatcher is tried wherever there is expert parallelism: inside the NVLink domain it sends a
+token once per rank rather than once per expert, across it once per node.
 
 **Rank** by the analytic step time of :mod:`moe_hydra.planning.step_model` (a ranking aid, every term printed per
 layout), after the workflow's priorities (docs/workflow.md) that apply to every layout — CP only once
@@ -458,10 +458,9 @@ class Search:
         model, primary = self.model, self.comms[0]
         best = (primary, level, peak)
         best_step = model.step(r, worst.dense, worst.expert, self.recompute[level], primary.flex, primary.ep_overlap)
-        cross_node = r.layout.ep * r.layout.etp > self.domain
         for comm in self.comms[1:]:
-            if (comm.flex and not cross_node and not primary.flex) or (comm.ep_overlap and r.layout.ep == 1):
-                continue  # the model gives the same time (flex inside the domain), or a rule refuses it (L65)
+            if r.layout.ep == 1 and (comm.flex or comm.ep_overlap):
+                continue  # no all-to-all: the model gives a flex dispatcher the same time, a rule refuses overlap (L65)
             for lvl in self.levels_from[level]:
                 step = model.step(r, worst.dense, worst.expert, self.recompute[lvl], comm.flex, comm.ep_overlap)
                 if step >= best_step:

@@ -25,11 +25,12 @@ the hardware's peaks (for GEMMs its measured best-shape matmul rates) times the 
               no GEMM or bandwidth rate. Without sequence parallelism each TP rank also runs the norms and
               residual adds on every token (:func:`replicated_bytes`).
     ep        4 x (MoE layers/rank) x M x rows x h x 2 B per token copy (dispatch + combine, forward +
-              backward; x 1.5 when recompute re-runs the MoE layer): top-k x (EP-1)/EP copies, those to peers
-              inside the NVLink domain over NVLink, those to other nodes over the scale-out NIC; with a flex
-              dispatcher (DeepEP, HybridEP) one copy per other node reached (uniform routing, or the routing
-              groups' node limit) instead of one per expert. With EP overlap (overlap_moe_expert_parallel_comm),
-              up to ep_overlap_efficiency of the compute hides it.
+              backward; x 1.5 when recompute re-runs the MoE layer): the alltoall dispatcher sends top-k x
+              (EP-1)/EP copies (one per routed expert), those to peers inside the NVLink domain over NVLink,
+              those to other nodes over the scale-out NIC; a flex dispatcher (DeepEP, HybridEP) one copy per other
+              rank reached over NVLink (:meth:`StepModel.nvlink_copies`) and one per other node reached over the NIC
+              (uniform routing, or the routing groups' node limit; :meth:`StepModel.remote_copies`). With EP
+              overlap (overlap_moe_expert_parallel_comm), up to ep_overlap_efficiency of the compute hides it.
     etp       4 x (MoE layers/rank) x M x rows x top-k x h x 2 B x (ETP-1): tokens gathered to and
               scattered from the expert-TP group
     tp        8 x (layers/rank) x M x (s b / CP) x h x 2 B (all-gather / reduce-scatter pairs; x 1.5 with full
@@ -98,17 +99,17 @@ CALIBRATION = ("sustained fractions fitted (benchmarks/step_model_calibration.py
 # ratio of two rows of one model, cluster and source (what choosing between layouts needs), over all pairs and each
 # kind's. benchmarks/step_model_calibration.py prints them; tests/test_calibration.py recomputes them.
 HELD_OUT = {"scheme": "leave one source out", "sources": 8, "rows": 191,
-            "median": 0.111, "p90": 0.320, "worst": 0.934,
-            "moe": {"rows": 82, "median": 0.134, "p90": 0.356, "worst": 0.934,
-                    "ranking_pairs": 33, "ranking_median": 0.108, "ranking_p90": 0.267},
-            "dense": {"rows": 109, "median": 0.095, "p90": 0.181, "worst": 0.637,
+            "median": 0.108, "p90": 0.327, "worst": 0.915,
+            "moe": {"rows": 82, "median": 0.141, "p90": 0.355, "worst": 0.915,
+                    "ranking_pairs": 33, "ranking_median": 0.123, "ranking_p90": 0.269},
+            "dense": {"rows": 109, "median": 0.094, "p90": 0.182, "worst": 0.641,
                       "ranking_pairs": 1721, "ranking_median": 0.076, "ranking_p90": 0.346},
-            "ranking_pairs": 1754, "ranking_median": 0.077, "ranking_p90": 0.345}
+            "ranking_pairs": 1754, "ranking_median": 0.077, "ranking_p90": 0.346}
 
 
 def interval(seconds: float, kind: str) -> list[float]:
     """The range 90 % of the held-out rows of the model's kind (``moe`` or ``dense``) fall in around a predicted step
-    time: x / exp(p90) to x exp(p90). By kind because the two err differently (MoE rows: p90 0.356, dense: 0.181); one
+    time: x / exp(p90) to x exp(p90). By kind because the two err differently (MoE rows: p90 0.355, dense: 0.182); one
     spread over both would state a MoE prediction too narrow and a dense one too wide."""
     spread = math.exp(HELD_OUT[kind]["p90"])
     return [seconds / spread, seconds * spread]
@@ -117,7 +118,7 @@ def interval(seconds: float, kind: str) -> list[float]:
 def tie_width() -> float:
     """The ratio of predicted step times below which two layouts are indistinguishable: exp of the 90th percentile
     of the held-out ranking error over every pair. Not by kind: the MoE pairs are 33, 28 of them one workload
-    (Qwen3-235B on 256 H100), too few to set a width of their own; their p90 (0.267) is below the overall one, so
+    (Qwen3-235B on 256 H100), too few to set a width of their own; their p90 (0.269) is below the overall one, so
     the overall width is the cautious one (it screens more)."""
     return math.exp(HELD_OUT["ranking_p90"])
 
@@ -210,6 +211,7 @@ class StepModel:
         self.sequential_experts = r.impl.experts == "sequential"
         self._recompute: dict[tuple, tuple[float, ...]] = {}
         self._remote: dict[tuple[int, int, bool], float] = {}
+        self._nvlink_copies: dict[tuple[int, int, bool], float] = {}
         self._mesh: dict[tuple, tuple] = {}
 
     def recompute_factors(self, recompute: Any) -> tuple[float, ...]:
@@ -269,6 +271,24 @@ class StepModel:
             self._remote[key] = copies
         return self._remote[key]
 
+    def nvlink_copies(self, lo: Layout, flex: bool) -> float:
+        """Copies of each token that the all-to-all moves over NVLink. The alltoall and allgather dispatchers send
+        one per routed expert on another rank of the node (Megatron-Core permutes a token into top-k rows, one per
+        expert, before the exchange); the flex dispatchers one per other rank routed to, in the node or, forwarded
+        there, in the nodes reached (DeepEP's and HybridEP's dispatch sends a token once to each rank that holds
+        any of its experts, the rank's experts sharing it). Routing uniform over the experts."""
+        key = (lo.ep, lo.etp, flex)
+        if key not in self._nvlink_copies:
+            a, group = self.arch, lo.ep
+            if flex:
+                local = a.experts // group  # a rank holds none of a token's top-k distinct experts with this chance
+                none = math.comb(a.experts - local, a.topk) / math.comb(a.experts, a.topk)
+                copies = (group - 1) * (1 - none)
+            else:
+                copies = a.topk * (group - 1) / group * min(1.0, self.domain / (group * lo.etp))
+            self._nvlink_copies[key] = copies
+        return self._nvlink_copies[key]
+
     def terms(self, r: Resolved, dense_params: int, expert_params: int, recompute: Any,
               flex: bool = False, ep_overlap: bool = False) -> dict[str, float]:
         """The step-time terms (seconds) of a resolved layout (of this model and batch), from the most loaded
@@ -291,7 +311,7 @@ class StepModel:
             mesh = self._mesh[key] = self._mesh_terms(lo, dense_params, expert_params, b.micro_batch_size,
                                                       b.micro_batches_per_step, factors)
         m, compute, ep_nvlink, ep_remote, etp, tp, cp, host, dp, p2p_per_chunk = mesh
-        ep = ep_nvlink + ep_remote[flex]
+        ep = ep_nvlink[flex] + ep_remote[flex]
         if ep_overlap:  # hidden under another micro-batch's compute
             ep -= self.k.ep_overlap_efficiency * min(ep, compute)
         gpu = compute + ep + etp + tp + cp
@@ -326,11 +346,10 @@ class StepModel:
             rate = per_expert / (per_expert + k.expert_rows_half) / self.gemm_s
             compute += max(tokens * self.expert_flops * expert_f / rate, 12 * expert_params * m / self.hbm)
             compute += k.gpu_ms_per_moe_layer * 1e-3 * moe_layers * m * expert_f  # the MoE layer's small kernels
-        ep_nvlink, ep_remote = 0.0, (0.0, 0.0)
+        ep_nvlink, ep_remote = (0.0, 0.0), (0.0, 0.0)
         if lo.ep > 1:
             per_copy = 4 * moe_layers * m * rows * a.h * 2 * a2a_f  # one token copy: dispatch + combine, fwd + bwd
-            inside = min(1.0, domain / (lo.ep * lo.etp))
-            ep_nvlink = per_copy * a.topk * (lo.ep - 1) / lo.ep * inside / nvl
+            ep_nvlink = tuple(per_copy * self.nvlink_copies(lo, flex) / nvl for flex in (False, True))
             ep_remote = tuple(per_copy * self.remote_copies(lo, flex) / out for flex in (False, True))
         etp = 0.0
         if lo.etp > 1:  # tokens all-gathered to and reduce-scattered from the expert-TP group, fwd + bwd

@@ -171,7 +171,6 @@ class MemoryPhases:
         return [*self.peak, *(self.phases[p] for p in self.PHASES), self.after_first_step or 0]
 
 
-
 def live_transformer_config(kw: dict):
     """Megatron-Core's (MLA)TransformerConfig from ``mcore_args.transformer_config_kwargs``' plain values: dtype,
     activation and attention-backend names become the torch / Megatron objects. A field this megatron-core lacks is
@@ -199,6 +198,7 @@ def live_transformer_config(kw: dict):
         raise ValueError(f"megatron-core {mcore_facts().version} has no field(s) {sorted(dropped)} "
                          f"that this config sets: {dropped}")
     return cls(**{k: v for k, v in kw.items() if k in known})
+
 
 class Job:
     """One rank of the job: :meth:`run` trains and measures. ``stage=fit`` (moe_hydra.job.fit) reuses the setup

@@ -20,11 +20,11 @@ run: $(STAMP)
 	$(BIN)/python -m moe_hydra $(ARGS)
 
 # Two parts: the tests that neither judge measured step times nor hold the local Slurm cluster's nodes, JOBS at a
-# time (pytest-xdist, a file to a worker: most tests keep one core busy); then the `serial` ones, alone. A part that
-# ARGS leaves empty (pytest's exit code 5) is not a failure.
+# time (pytest-xdist, a file to a worker, the longest first: tests/conftest.py; most tests keep one core busy); then
+# the `serial` ones, alone. A part that ARGS leaves empty (pytest's exit code 5) is not a failure.
 JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile -m "not serial" --durations=25 $(ARGS); rc=$$?; \
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile --no-loadscope-reorder -m "not serial" --durations=25 $(ARGS); rc=$$?; \
 	  [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || exit $$rc; \
 	$(BIN)/python -m pytest -q -m serial --durations=15 $(ARGS); rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || exit $$rc
 

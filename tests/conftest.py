@@ -53,7 +53,20 @@ def cli(tmp_path):
     return _run
 
 
+# The files that take longest in `make test`'s parallel part (CI's --durations, two cores), longest first; test_slurm
+# leads because its sweeps mostly wait on the cluster while the other worker computes.
+LONGEST_FILES = ("test_slurm.py", "test_job.py", "test_calibration.py", "test_overrides_fuzz.py", "test_search.py",
+                 "test_fit.py", "test_data.py", "test_handoff.py", "test_tracking.py", "test_rules.py")
+
+
 def pytest_collection_modifyitems(config, items):
-    """test_slurm first: its sweeps mostly wait on the cluster, so `make test`'s parallel part (a file a worker, in
-    this order) overlaps them with the CPU-bound files instead of ending on them."""
-    items.sort(key=lambda item: item.path.name != "test_slurm.py")
+    """Longest files first, then the other files with slow tests, then the rest: `make test`'s parallel part hands
+    out a file at a time to whichever worker is free, in this order (--no-loadscope-reorder; xdist's own order is by
+    test count), so it ends on short files instead of one worker running a long one alone."""
+    slow = {item.path.name for item in items if item.get_closest_marker("slow")}
+
+    def rank(item):
+        name = item.path.name
+        return LONGEST_FILES.index(name) if name in LONGEST_FILES else len(LONGEST_FILES) + (name not in slow)
+
+    items.sort(key=rank)

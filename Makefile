@@ -24,7 +24,8 @@ run: $(STAMP)
 # the `serial` ones, alone. A part that ARGS leaves empty (pytest's exit code 5) is not a failure.
 JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile --no-loadscope-reorder -m "not serial" --durations=25 $(ARGS); rc=$$?; \
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile --no-loadscope-reorder -m "not serial" --durations=25 \
+	  $(ARGS); rc=$$?; \
 	  [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || exit $$rc; \
 	$(BIN)/python -m pytest -q -m serial --durations=15 $(ARGS); rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || exit $$rc
 

@@ -53,8 +53,9 @@ def cli(tmp_path):
     return _run
 
 
-# The files that take longest in `make test`'s parallel part (CI's --durations, two cores), longest first; test_slurm
-# leads because its sweeps mostly wait on the cluster while the other worker computes.
+# The files that take longest in `make test`'s parallel part, longest first (ordered by their tests' times in CI's
+# --durations on two cores); test_slurm leads because its sweeps mostly wait on the cluster while the other worker
+# computes.
 LONGEST_FILES = ("test_slurm.py", "test_job.py", "test_calibration.py", "test_overrides_fuzz.py", "test_search.py",
                  "test_fit.py", "test_data.py", "test_handoff.py", "test_tracking.py", "test_rules.py")
 

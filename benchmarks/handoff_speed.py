@@ -3,8 +3,8 @@
 The combinations are the hand-off tests' (tests/test_handoff.py): every ``conf/mesh`` preset x every
 ``conf/dispatcher`` option x every ``conf/precision`` option, on a GPU preset that has the precision, those the rules
 accept. For each: export to Megatron-LM flags and ingest them back, and the same for Megatron-Bridge overrides, in this
-process (what ``python -m moe_hydra.export`` / ``.ingest`` do after their imports). The baseline is Hydra composing the
-same configs, timed in this run.
+process (what ``moe-hydra export`` / ``ingest`` do after their imports). The baseline is composing the same configs
+(:func:`moe_hydra.launch.compose.compose_typed`, as export composes them), timed in this run.
 
     python benchmarks/handoff_speed.py [--repeats 3]
 
@@ -18,15 +18,12 @@ import statistics
 import time
 from pathlib import Path
 
-from hydra import compose, initialize_config_module
-from hydra.core.global_hydra import GlobalHydra
-
 from moe_hydra.core.resolved import resolve
-from moe_hydra.core.schema import CONF_PACKAGE, conf_dir, register_configs, typed
+from moe_hydra.core.schema import conf_dir
 from moe_hydra.core.versions import mcore_facts
 from moe_hydra.core.violations import LayoutError
 from moe_hydra.handoff import export, ingest
-from moe_hydra.launch import points, slurm
+from moe_hydra.launch.compose import compose_typed
 from moe_hydra.planning import rules
 
 MESHES = {"ep8": ("qwen3_30b_a3b", 1), "ep16": ("qwen3_30b_a3b", 2), "dsv3_h100_1024": ("deepseek_v3", 128),
@@ -47,16 +44,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    register_configs()
-    slurm.register()
-    points.register()
-    GlobalHydra.instance().clear()
     all_combos = combos()
-    with initialize_config_module(CONF_PACKAGE, version_base="1.3"):
-        compose("config", overrides=all_combos[0])  # warm
-        t0 = time.perf_counter()
-        cfgs = [(ov, typed(compose("config", overrides=ov))) for ov in all_combos]
-        t_compose = time.perf_counter() - t0
+    compose_typed(all_combos[0])  # warm
+    t0 = time.perf_counter()
+    cfgs = [(ov, compose_typed(ov)) for ov in all_combos]
+    t_compose = time.perf_counter() - t0
     legal = []
     for ov, cfg in cfgs:
         r = resolve(cfg)
@@ -77,7 +69,7 @@ def main() -> None:
     total = sum(med.values())
     n = len(legal)
     print(f"combinations: {len(all_combos)} ({n} legal; the rest refused by the rules)")
-    print(f"compose (Hydra) of all {len(all_combos)}:          {t_compose * 1000:8.1f} ms  "
+    print(f"compose of all {len(all_combos)}:          {t_compose * 1000:8.1f} ms  "
           f"({t_compose / len(all_combos) * 1000:.1f} ms each)")
     for f in export.FORMATS:
         print(f"export + ingest {f:<12} x {n}:  {med[f] * 1000:8.1f} ms  ({med[f] / n * 1000:.2f} ms each), "

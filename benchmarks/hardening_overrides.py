@@ -1,11 +1,11 @@
-"""Generated override sets through ``stage=plan`` in-process (``app.main``, as the command runs it): how many
+"""Generated override sets through ``stage=plan`` in-process (the run command, as the command line runs it): how many
 exceptions escape (tracebacks), how many promises break (an exit code other than 0 or 2, a refusal naming none
 of the keys it was given), and how long the slowest plan took.
 
-The sets are ``tests/test_overrides_fuzz.py``'s strategy: one to four overrides over every key of the schema and
-every config group (valid and invalid values, NaN, huge numbers, interpolations, deletions, additions). Seeded:
-the same ``--seed`` generates the same sets; ``--workers`` processes (this script again, ``--share``) each take a
-share, seeded apart.
+The sets are :mod:`moe_hydra.testing.overrides`' strategy (``tests/test_overrides_fuzz.py`` draws from it too): one
+to four overrides over every key of the schema and every config group (valid and invalid values, NaN, huge numbers,
+interpolations, deletions, additions). Seeded: the same ``--seed`` generates the same sets; ``--workers`` processes
+(this script again, ``--share``) each take a share, seeded apart.
 
     python benchmarks/hardening_overrides.py [--sets 10000] [--seed 0] [--workers 2]
 
@@ -26,7 +26,6 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 
 def share(args: tuple[int, int]) -> dict:
@@ -34,7 +33,7 @@ def share(args: tuple[int, int]) -> dict:
     n, seed_value = args
     from hypothesis import HealthCheck, Phase, given, seed, settings
 
-    from tests.test_overrides_fuzz import check_one, override_sets
+    from moe_hydra.testing.overrides import check_one, override_sets
 
     out = {"codes": collections.Counter(), "escaped": collections.Counter(), "broken": [], "first": {},
            "seconds": [], "slowest": (0.0, None)}
@@ -52,7 +51,7 @@ def share(args: tuple[int, int]) -> dict:
                 out["codes"][code] += 1
             except AssertionError as e:
                 out["broken"].append(repr(e)[:400])
-            except BaseException as e:  # what escaped app.main: the figure this benchmark counts
+            except BaseException as e:  # what escaped the run command: the figure this benchmark counts
                 out["escaped"][type(e).__name__] += 1
                 out["first"].setdefault(type(e).__name__, f"{overrides}\n{traceback.format_exc()}")
             seconds = time.perf_counter() - start

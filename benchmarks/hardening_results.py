@@ -2,9 +2,10 @@
 escape (tracebacks) and how many promises break (a refusal naming no field, a verdict from a run given twice, an
 exit code outside 0/1/2).
 
-The cases are ``tests/test_results_fuzz.py``'s strategy: two runs of a dispatcher A/B per case (arbitrary JSON,
-bytes that are not JSON, valid files with one to three mutations), sometimes a copy of a run, through the verdict,
-``--accept`` or ``--diff``. Seeded: the same ``--seed`` generates the same files.
+The cases are :mod:`moe_hydra.testing.results`' strategy (``tests/test_results_fuzz.py`` draws from it too): two
+runs of a dispatcher A/B per case (arbitrary JSON, bytes that are not JSON, valid files with one to three
+mutations), sometimes a copy of a run, through the verdict, ``--accept`` or ``--diff``. Seeded: the same ``--seed``
+generates the same files.
 
     python benchmarks/hardening_results.py [--files 2000] [--seed 0]
 
@@ -23,10 +24,7 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from tests.test_results_fuzz import Case, cases, check_case  # noqa: E402
+from moe_hydra.testing.results import Case, cases, check_case
 
 
 def main() -> int:

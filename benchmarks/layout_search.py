@@ -21,22 +21,17 @@ import os
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from moe_hydra.planning.search import search_workers  # noqa: E402
+from moe_hydra.planning.search import search_workers
 
 CODE = """
 import dataclasses, sys, time
-sys.path[:0] = [{root!r}, {tests!r}]
-from conftest import compose_config
+from moe_hydra.launch.compose import compose_typed
 from moe_hydra.core.resolved import resolve
 from moe_hydra.core.versions import mcore_facts
 from moe_hydra.launch.layout_sweeper import LayoutSweeperImpl
 from moe_hydra.planning import rules, search
-cfg = compose_config("stage=plan", "model={model}", "hardware=h100_sxm", "hardware.nodes={nodes}")
+cfg = compose_typed(["stage=plan", "model={model}", "hardware=h100_sxm", "hardware.nodes={nodes}"])
 t = time.perf_counter()
 if {baseline}:
     mcore, base = mcore_facts(), resolve(cfg)
@@ -53,7 +48,7 @@ print(n, time.perf_counter() - t)
 
 
 def _run(baseline: bool, model: str, nodes: int, workers: str = "") -> tuple[int, float]:
-    code = CODE.format(root=str(ROOT), tests=str(ROOT / "tests"), model=model, nodes=nodes, baseline=baseline)
+    code = CODE.format(model=model, nodes=nodes, baseline=baseline)
     env = {**os.environ, "MOE_HYDRA_SEARCH_WORKERS": workers}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env=env).stdout.split()

@@ -18,26 +18,19 @@ Goal: >= 10^4 layouts per second (the plan path) — the figure printed last.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-
-from conftest import compose_config  # noqa: E402
-
-from moe_hydra.core.resolved import resolve  # noqa: E402
-from moe_hydra.core.versions import mcore_facts  # noqa: E402
-from moe_hydra.planning import plan, rules, search  # noqa: E402
+from moe_hydra.core.resolved import resolve
+from moe_hydra.core.versions import mcore_facts
+from moe_hydra.launch.compose import compose_typed
+from moe_hydra.planning import plan, rules, search
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--limit", type=int, default=5000, help="candidates to time (spread over the whole space)")
     args = ap.parse_args()
-    cfg = compose_config("stage=plan", "model=deepseek_v3", "hardware=h100_sxm", "hardware.nodes=128")
+    cfg = compose_typed(["stage=plan", "model=deepseek_v3", "hardware=h100_sxm", "hardware.nodes=128"])
     s = search.Search(cfg)
     every = list(search.enumerate_layouts(s.base))
     stride = max(1, len(every) // args.limit)

@@ -1,4 +1,7 @@
-from moe_hydra.app import main
+"""``python -m moe_hydra``: as ``moe-hydra`` (:func:`moe_hydra.commands.cli`): a command, or the run command's
+overrides."""
+
+from moe_hydra.commands import cli
 
 if __name__ == "__main__":
-    main()
+    cli()

@@ -1,4 +1,4 @@
-"""Shared fixtures: compose the real ``conf/`` through Hydra's compose API, as users' commands do."""
+"""Shared fixtures: compose the real ``conf/`` as users' commands do (:func:`moe_hydra.launch.compose.compose`)."""
 
 from __future__ import annotations
 
@@ -8,25 +8,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_module
-from hydra.core.global_hydra import GlobalHydra
-from omegaconf import OmegaConf
 
-from moe_hydra.core.schema import CONF_PACKAGE, register_configs
-from moe_hydra.launch import points, slurm
+from moe_hydra.launch.compose import compose_typed
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def compose_config(*overrides: str):
     """The composed root config as objects (what the rules and the planner read)."""
-    register_configs()
-    slurm.register()
-    points.register()
-    GlobalHydra.instance().clear()
-    with initialize_config_module(CONF_PACKAGE, version_base="1.3"):
-        cfg = compose("config", overrides=list(overrides))
-    return OmegaConf.to_object(cfg)
+    return compose_typed(overrides)
 
 
 @pytest.fixture

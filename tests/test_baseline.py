@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from moe_hydra.analysis import baseline
-from moe_hydra.analysis.compare import Run
+from moe_hydra.analysis.runs import Run
+from moe_hydra.core.errors import EXIT_REGRESSED
 from tests.conftest import run_cli
 
 
@@ -70,14 +71,14 @@ def test_a_slower_run_regresses_with_exit_3(run_dir, tmp_path):
     # twice as slow: well beyond the CPU preset's 35 % run-to-run floor, even with the window's steps spread by load
     slow = variant(run_dir, tmp_path, "slow", step_times_ms=lambda ts: [t * 2 for t in ts])
     r = against(golden(run_dir, tmp_path), slow)
-    assert r.returncode == baseline.EXIT_REGRESSED, r.stdout + r.stderr
+    assert r.returncode == EXIT_REGRESSED, r.stdout + r.stderr
     assert "regressed" in r.stdout and "step time +100" in r.stdout.replace("\n", " ")
 
 
 def test_a_changed_loss_regresses(run_dir, tmp_path):
     off = variant(run_dir, tmp_path, "off", loss=lambda loss: {**loss, "per_step": [x * 1.1 for x in loss["per_step"]]})
     r = against(golden(run_dir, tmp_path), off)
-    assert r.returncode == baseline.EXIT_REGRESSED and "window loss" in r.stdout.replace("\n", " ")
+    assert r.returncode == EXIT_REGRESSED and "window loss" in r.stdout.replace("\n", " ")
 
 
 def test_another_contract_is_refused_unless_it_is_the_variable(run_dir, tmp_path):

@@ -21,8 +21,8 @@ from omegaconf import OmegaConf, open_dict
 
 from moe_hydra.core import env
 from moe_hydra.core.schema import register_configs, typed
-from moe_hydra.launch import layout_sweeper, points, slurm
-from moe_hydra.launch import state as sweep
+from moe_hydra.commands import run_command
+from moe_hydra.launch import attempts, follow, layout_sweeper, ledger, points, progress, slurm, slurm_jobs
 from tests.conftest import compose_config, run_cli
 
 
@@ -213,10 +213,10 @@ def _results(status="ok", steps=10, **extra):
     return valid(steps, status=status, **extra) if status != "ok" else valid(steps, **extra)
 
 
-def _point(tmp_path, num=0, state="PENDING") -> tuple[sweep.Point, _Job]:
+def _point(tmp_path, num=0, state="PENDING") -> tuple[ledger.Point, _Job]:
     d = tmp_path / str(num)
     d.mkdir(parents=True, exist_ok=True)
-    p = sweep.Point(num=num, overrides=[f"repeat={num}"], dir=str(d), state=state, slurm_job_id=f"7_{num}",
+    p = ledger.Point(num=num, overrides=[f"repeat={num}"], dir=str(d), state=state, slurm_job_id=f"7_{num}",
                     submitit_folder=str(tmp_path / ".submitit" / "%j"))
     return p, _Job(tmp_path / ".submitit" / "%j", f"7_{num}")
 
@@ -225,54 +225,54 @@ def test_states_come_from_slurm_and_the_files(tmp_path):
     from submitit.core.utils import cloudpickle_dump
 
     p, job = _point(tmp_path)
-    sweep.settle(p, {"State": "PENDING"}, job)
+    follow.settle(p, {"State": "PENDING"}, job)
     assert p.state == "PENDING"
     job.paths.stderr.write_text("step    1  loss 7.0\nstep    2  loss 6.9\n")
-    sweep.settle(p, {"State": "RUNNING", "Elapsed": "00:01:12", "NodeList": "localhost"}, job)
+    follow.settle(p, {"State": "RUNNING", "Elapsed": "00:01:12", "NodeList": "localhost"}, job)
     assert (p.state, p.elapsed_s, p.last_step, p.nodes) == ("RUNNING", 72, 2, "localhost")
-    assert sweep.progress(p) == "1:12 · step 2"
+    assert progress.progress(p) == "1:12 · step 2"
     # an attempt that ended, and Slurm holds the job again: requeued
     Path(p.dir, "attempts.json").write_text(json.dumps({"attempts": [{"attempt": 1, "ended_at": "t"}]}))
-    sweep.settle(p, {"State": "PENDING"}, job)
+    follow.settle(p, {"State": "PENDING"}, job)
     assert p.state == "REQUEUED"
-    sweep.settle(p, {"State": "REQUEUED"}, job)
+    follow.settle(p, {"State": "REQUEUED"}, job)
     assert p.state == "REQUEUED"
     # Slurm cancelled it while it ran: its results say how far it got; Slurm's word stays
     Path(p.dir, "results.json").write_text(json.dumps(_results("terminated", 4, signal="SIGTERM", window=[4, 40])))
-    sweep.settle(p, {"State": "CANCELLED by 0", "ExitCode": "0:15"}, job)
+    follow.settle(p, {"State": "CANCELLED by 0", "ExitCode": "0:15"}, job)
     assert p.state == "CANCELLED" and p.error.startswith("stopped by SIGTERM after 4 steps")
     # a node lost without a word from the run
     q, qjob = _point(tmp_path, 1, "RUNNING")
-    sweep.settle(q, {"State": "NODE_FAIL"}, qjob)
+    follow.settle(q, {"State": "NODE_FAIL"}, qjob)
     assert q.state == "NODE_FAIL" and "Slurm: NODE_FAIL" in q.error
     # submitit did not requeue a run at its time limit: TIMEOUT
     r, rjob = _point(tmp_path, 2, "RUNNING")
     Path(r.dir, "results.json").write_text(json.dumps(_results("terminated", 6, signal="SIGUSR2", window=[4, 40])))
     cloudpickle_dump(("error", "Traceback...\nsubmitit.core.utils.UncompletedJobError: Job not requeued because: "
                                "timed-out too many times."), rjob.paths.result_pickle)
-    sweep.settle(r, {"State": "FAILED"}, rjob)
+    follow.settle(r, {"State": "FAILED"}, rjob)
     assert r.state == "TIMEOUT" and "stopped by SIGUSR2 after 6 steps" in r.error and "timed-out" in r.error
     # a complete results.json is COMPLETED, whatever the accounting says yet
     s, sjob = _point(tmp_path, 3, "RUNNING")
     Path(s.dir, "results.json").write_text(json.dumps(_results()))
-    sweep.settle(s, {"State": "RUNNING"}, sjob)
+    follow.settle(s, {"State": "RUNNING"}, sjob)
     assert s.state == "COMPLETED" and s.step_time_ms and s.error is None
     # ... unless Slurm requeued the job after that attempt ended (it requeues a finished job too): a new attempt
     cloudpickle_dump(("success", None), sjob.paths.result_pickle)
-    sweep.settle(s, {"State": "REQUEUED"}, sjob, checked_at=time.time() + 1)
+    follow.settle(s, {"State": "REQUEUED"}, sjob, checked_at=time.time() + 1)
     assert s.state == "REQUEUED"
-    sweep.settle(s, {"State": "RUNNING", "Start": "2999-01-01T00:00:00"}, sjob)
+    follow.settle(s, {"State": "RUNNING", "Start": "2999-01-01T00:00:00"}, sjob)
     assert s.state == "RUNNING"
-    sweep.settle(s, {"State": "PENDING"}, sjob, checked_at=time.time() - 3600)  # Slurm's word is older than the file
+    follow.settle(s, {"State": "PENDING"}, sjob, checked_at=time.time() - 3600)  # Slurm's word is older than the file
     assert s.state == "COMPLETED"
 
 
 def test_without_slurm_recorded_endings_stand(tmp_path):
     p, job = _point(tmp_path, 0, "CANCELLED")
-    sweep.settle(p, {}, job)
+    follow.settle(p, {}, job)
     assert p.state == "CANCELLED"
     q, qjob = _point(tmp_path, 1, "PENDING")
-    sweep.settle(q, {}, qjob)
+    follow.settle(q, {}, qjob)
     assert q.state == "PENDING"
 
 
@@ -281,41 +281,41 @@ def test_sweep_json_of_either_version_reads(tmp_path, capsys):
                        "slurm_job_id": None, "step_time_ms": None, "tokens_per_s_per_gpu": None, "error": "x",
                        "logs": [], "from_the_future": 1}]}
     (tmp_path / "sweep.json").write_text(json.dumps(old))
-    (p,) = sweep.status(tmp_path, slurm=False)
+    (p,) = follow.status(tmp_path, slurm=False)
     assert p.state == "CANCELLED" and p.attempts is None
     written = json.loads((tmp_path / "sweep.json").read_text())
     assert written["sweep_version"] == 2 and "from_the_future" not in written["points"][0]
-    assert sweep.exit_code([p]) == 1 and sweep.main(["status", str(tmp_path)]) == 1
+    assert follow.exit_code([p]) == 1 and run_command("sweep", ["status", str(tmp_path)]) == 1
 
 
 def test_still_out_and_exit_codes(tmp_path):
-    points_ = [sweep.Point(num=i, overrides=[f"repeat={i}"], dir=str(tmp_path / str(i)), state=s)
+    points_ = [ledger.Point(num=i, overrides=[f"repeat={i}"], dir=str(tmp_path / str(i)), state=s)
                for i, s in enumerate(["COMPLETED", "PENDING", "RUNNING", "INVALID"])]
     (tmp_path / "0").mkdir()
     (tmp_path / "0" / "results.json").write_text(json.dumps(_results()))
-    sweep.write_sweep(tmp_path, points_)
-    note = sweep.still_out(tmp_path)
+    ledger.write_sweep(tmp_path, points_)
+    note = follow.still_out(tmp_path)
     assert note.startswith(f"campaign {tmp_path}: 2 of 4 points still out (1 PENDING, 1 RUNNING)")
-    assert sweep.still_out(tmp_path / "nothing") is None
-    assert sweep.exit_code([points_[0]]) == 0 and sweep.exit_code([points_[0], points_[3]]) == 2
+    assert follow.still_out(tmp_path / "nothing") is None
+    assert follow.exit_code([points_[0]]) == 0 and follow.exit_code([points_[0], points_[3]]) == 2
 
 
 def test_attempts_are_recorded_by_rank_0(tmp_path, monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "41")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "localhost")
-    sweep.attempt_started(tmp_path)
+    attempts.attempt_started(tmp_path)
     (tmp_path / "results.json").write_text(json.dumps(_results("terminated", 5, signal="SIGUSR2", window=[4, 40])))
-    sweep.attempt_ended(tmp_path, "stopped by SIGUSR2", requeued=True)
+    attempts.attempt_ended(tmp_path, "stopped by SIGUSR2", requeued=True)
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
-    sweep.attempt_started(tmp_path)
+    attempts.attempt_started(tmp_path)
     (tmp_path / "results.json").write_text(json.dumps(_results()))
-    sweep.attempt_ended(tmp_path, "completed", requeued=False)
-    sweep.record_attempts_in_results(tmp_path)
-    attempts = json.loads((tmp_path / "results.json").read_text())["attempts"]
-    assert [(a["attempt"], a["restart_count"], a["steps"], a["requeued"]) for a in attempts] == [
+    attempts.attempt_ended(tmp_path, "completed", requeued=False)
+    attempts.record_attempts_in_results(tmp_path)
+    recorded = json.loads((tmp_path / "results.json").read_text())["attempts"]
+    assert [(a["attempt"], a["restart_count"], a["steps"], a["requeued"]) for a in recorded] == [
         (1, 0, 5, True), (2, 1, 10, False)]
-    assert attempts[0]["outcome"].startswith("stopped by SIGUSR2 after 5 steps")
-    assert attempts[1]["outcome"] == "completed" and attempts[1]["slurm_job_id"] == "41"
+    assert recorded[0]["outcome"].startswith("stopped by SIGUSR2 after 5 steps")
+    assert recorded[1]["outcome"] == "completed" and recorded[1]["slurm_job_id"] == "41"
 
 
 def test_the_command_without_a_sweep_is_exit_2(tmp_path):
@@ -351,16 +351,16 @@ def test_slurmctlds_word_on_a_job_still_out_is_newer_than_saccts(tmp_path, monke
             super().__init__(folder, job_id)
             self.job_id = job_id
 
-    monkeypatch.setattr(sweep, "job_class", lambda: Job)
-    monkeypatch.setattr(sweep, "slurm_job", lambda p: Job(tmp_path / ".submitit" / "%j", p.slurm_job_id))
-    monkeypatch.setattr(sweep, "queued", lambda ids: asked.extend(ids) or {"7_0": {"State": "RUNNING",
+    monkeypatch.setattr(slurm_jobs, "job_class", lambda: Job)
+    monkeypatch.setattr(slurm_jobs, "slurm_job", lambda p: Job(tmp_path / ".submitit" / "%j", p.slurm_job_id))
+    monkeypatch.setattr(slurm_jobs, "queued", lambda ids: asked.extend(ids) or {"7_0": {"State": "RUNNING",
                                                                                   "NodeList": "localhost2"}})
     pts = [_point(tmp_path, num)[0] for num in range(3)]
-    sweep.refresh(pts)
+    follow.refresh(pts)
     assert sorted(asked) == ["7_0", "7_1"]
     assert [p.state for p in pts[:2]] == ["RUNNING", "PENDING"] and pts[0].nodes == "localhost2"
     assert pts[2].state == "FAILED"  # sacct's COMPLETED without results.json or pickle
-    sweep.refresh(pts, force=False)  # wait's look at the files between sacct's polls: squeue's answer kept
+    follow.refresh(pts, force=False)  # wait's look at the files between sacct's polls: squeue's answer kept
     assert sorted(asked) == ["7_0", "7_1"] and pts[0].state == "RUNNING"
 
 

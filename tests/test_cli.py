@@ -95,7 +95,7 @@ def test_planning_imports_no_torch_or_megatron(tmp_path):
         "('torch', 'megatron', 'wandb', 'submitit'))))\n"
         f"sys.argv = ['moe_hydra', 'hydra.run.dir={tmp_path}/run', 'stage=plan', 'model=deepseek_v3', "
         "'hardware=h100_sxm', 'hardware.nodes=128', 'mesh=dsv3_h100_1024']\n"
-        "from moe_hydra.app import main\nmain()\n"
+        "from moe_hydra.commands import cli\ncli()\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -12,8 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from moe_hydra.analysis import compare
+from moe_hydra.analysis import compare, diagnosis
+from moe_hydra.analysis.runs import load as load_runs
+from moe_hydra.commands import run_command
 from moe_hydra.core import contract
+from moe_hydra.core.errors import EXIT_FAILED, EXIT_REFUSED
 from moe_hydra.core.stats import EQUIVALENT, FASTER, SAME, SLOWER, UNDECIDED, welch
 
 BASE_CONTRACT = {"dispatcher": {"name": "alltoall"}, "train": {"seq_length": 128}, "parallel": {"ep": 1}}
@@ -59,7 +62,7 @@ def test_sweep_arms_get_a_verdict_and_outputs(tmp_path):
     rng = random.Random(1)
     fake_run(tmp_path, "0", noisy(100, 23, rng), dispatcher="alltoall")
     fake_run(tmp_path, "1", noisy(130, 23, rng), dispatcher="allgather")
-    assert compare.main([str(tmp_path)]) == 0
+    assert run_command("compare", [str(tmp_path)]) == 0
     md = (tmp_path / "compare.md").read_text()
     assert "dispatcher=allgather" in md and "slower" in md and (tmp_path / "compare.png").stat().st_size > 1000
 
@@ -68,7 +71,7 @@ def test_warmup_steps_never_enter(tmp_path):
     rng = random.Random(2)
     a = fake_run(tmp_path, "a", [900.0] * 3 + noisy(100, 20, rng), dispatcher="alltoall")
     b = fake_run(tmp_path, "b", [100.0] * 3 + noisy(100, 20, rng), dispatcher="allgather")
-    (comp,) = compare.compare(compare.load([a, b], print).runs, ["dispatcher"])
+    (comp,) = compare.compare(load_runs([a, b], print).runs, ["dispatcher"])
     (effect,) = comp.effects.values()
     assert effect.verdict == SAME and effect.n_a == effect.n_b == 20
 
@@ -78,7 +81,7 @@ def test_repeated_arms_use_the_run_as_unit(tmp_path):
     for i in range(3):
         fake_run(tmp_path, f"a{i}", noisy(100 + i, 23, rng), dispatcher="alltoall", swept=("dispatcher", "repeat"))
         fake_run(tmp_path, f"b{i}", noisy(150 + i, 23, rng), dispatcher="allgather", swept=("dispatcher", "repeat"))
-    (comp,) = compare.compare(compare.load([tmp_path], print).runs)
+    (comp,) = compare.compare(load_runs([tmp_path], print).runs)
     (effect,) = comp.effects.values()
     assert effect.unit == "runs" and effect.n_a == 3 and effect.verdict == SLOWER and not comp.notes
 
@@ -87,7 +90,7 @@ def test_runs_from_different_contracts_are_refused_with_the_diff(tmp_path, capsy
     rng = random.Random(4)
     a = fake_run(tmp_path, "a", noisy(100, 23, rng), dispatcher="alltoall", swept=())
     b = fake_run(tmp_path, "b", noisy(100, 23, rng), dispatcher="allgather", seq=256, swept=())
-    assert compare.main([str(a), str(b), "--variable", "dispatcher"]) == compare.EXIT_REFUSED
+    assert run_command("compare", [str(a), str(b), "--variable", "dispatcher"]) == EXIT_REFUSED
     err = capsys.readouterr().err
     assert "refused" in err and "train.seq_length: 128 vs 256" in err
 
@@ -95,14 +98,14 @@ def test_runs_from_different_contracts_are_refused_with_the_diff(tmp_path, capsy
 def test_acceptance_gate(tmp_path, capsys):
     rng = random.Random(5)
     short = fake_run(tmp_path, "short", noisy(100, 20, rng), label="benchmark-only", window=[15, 20])
-    assert compare.main(["--accept", str(short)]) == compare.EXIT_REFUSED
+    assert run_command("accept", [str(short)]) == EXIT_REFUSED
     err = capsys.readouterr().err
     assert "benchmark-only" in err and "acceptance needs >= 10" in err and "acceptance needs >= 50" in err
     good = fake_run(tmp_path, "good", noisy(100, 50, rng), window=[41, 50])
-    assert compare.main(["--accept", str(good), "--variable", "dispatcher"]) == 0
+    assert run_command("accept", [str(good), "--variable", "dispatcher"]) == 0
     assert "accepted" in capsys.readouterr().out
     no_evidence = fake_run(tmp_path, "noev", noisy(100, 50, rng), window=[41, 50], evidence={"x": 1})
-    assert compare.main(["--accept", str(no_evidence), "--variable", "dispatcher"]) == compare.EXIT_REFUSED
+    assert run_command("accept", [str(no_evidence), "--variable", "dispatcher"]) == EXIT_REFUSED
     assert "evidence.dispatcher_class missing" in capsys.readouterr().err
 
 
@@ -118,7 +121,7 @@ def test_bad_inputs_are_skipped_with_a_warning_never_mixed_in(tmp_path):
     (tmp_path / "4").mkdir()
     (tmp_path / "4" / "plan.json").write_text("{}")
     warnings = []
-    loaded = compare.load([tmp_path], warnings.append)
+    loaded = load_runs([tmp_path], warnings.append)
     assert len(loaded.runs) == 2 and len(loaded.rejected) == 2
     text = "\n".join(warnings)
     assert "2/results.json: truncated or not JSON" in text and "3/results.json: status 'failed'" in text
@@ -130,11 +133,11 @@ def test_diff_orders_the_first_differing_knob_first_and_names_the_walls(tmp_path
     a = fake_run(tmp_path, "a", noisy(100, 23, rng), dispatcher="alltoall", swept=(), host_time_ms=None)
     b = fake_run(tmp_path, "b", noisy(150, 23, rng), dispatcher="allgather", seq=256, swept=(),
                  peak_memory_gib={"rss": 0.9})
-    report = compare.diagnose(*compare.load([a, b], print).runs, print)
+    report = diagnosis.diagnose(*load_runs([a, b], print).runs, print)
     assert [k for k, _, _ in report["config"]][:2] == ["dispatcher.name", "train.seq_length"]
     assert report["walls"]["memory"].startswith("moved") and report["walls"]["communication"].startswith("unknown")
     assert report["walls"]["compute"].startswith("unknown")  # no device time on a CPU
-    assert compare.main(["--diff", str(a), str(b)]) == 0
+    assert run_command("diff", [str(a), str(b)]) == 0
 
 
 @pytest.mark.slow
@@ -142,7 +145,7 @@ def test_diff_orders_the_first_differing_knob_first_and_names_the_walls(tmp_path
 def test_real_runs_a_known_effect_is_detected(cli, tmp_path):
     r = cli("logger=none", "model.num_layers=2,8", "contract.window=[4,13]", "-m", timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    (comp,) = compare.compare(compare.load([tmp_path / "multi"], print).runs)
+    (comp,) = compare.compare(load_runs([tmp_path / "multi"], print).runs)
     (effect,) = comp.effects.values()
     assert comp.variables == ["model.num_layers"] and effect.verdict == SLOWER, effect
 
@@ -157,7 +160,7 @@ def test_one_run_arms_count_only_beyond_the_run_to_run_noise(tmp_path):
             res = json.loads((d / "results.json").read_text())
             res["contract"]["hardware"] = {"run_to_run_noise": 0.2}
             (d / "results.json").write_text(json.dumps(res))
-        return compare.load([root], print).runs
+        return load_runs([root], print).runs
 
     (small,) = compare.compare(runs(10))  # +10 %: clear within a run, inside the 20 % run-to-run noise
     (e,) = small.effects.values()
@@ -175,13 +178,12 @@ def test_real_runs_a_a_repeats_are_not_called_different(cli, tmp_path):
     (python -m moe_hydra.noise; compare --noise: source measured in compare.json)."""
     r = cli("logger=none", "repeat=0,1,2", "contract.window=[4,13]", "-m", timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    (comp,) = compare.compare(compare.load([tmp_path / "multi"], print).runs, ["repeat"])
+    (comp,) = compare.compare(load_runs([tmp_path / "multi"], print).runs, ["repeat"])
     assert len(comp.effects) == 2
     assert all(e.verdict == SAME for e in comp.effects.values()), comp.effects
-    from moe_hydra import noise
 
-    assert noise.main([str(tmp_path / "multi")]) == 0
-    assert compare.main([str(tmp_path / "multi"), "--variable", "repeat", "--noise",
+    assert run_command("noise", [str(tmp_path / "multi")]) == 0
+    assert run_command("compare", [str(tmp_path / "multi"), "--variable", "repeat", "--noise",
                          str(tmp_path / "multi" / "noise.json"), "--out", str(tmp_path / "cmp")]) == 0
     pairs = json.loads((tmp_path / "cmp" / "compare.json").read_text())["pairs"]
     assert len(pairs) == 2 and all(p["verdict"] not in (FASTER, SLOWER) for p in pairs), pairs
@@ -211,7 +213,7 @@ def rewrite(d: Path, **changes) -> None:
 def test_alone_the_fixture_gives_a_verdict(tmp_path, capsys):
     """The control for the duplicate tests below: the same directory given once is called slower."""
     d = one_run_per_arm(tmp_path / "D")
-    assert compare.main([str(d), "--out", str(tmp_path / "out")]) == 0
+    assert run_command("compare", [str(d), "--out", str(tmp_path / "out")]) == 0
     assert "slower" in capsys.readouterr().out
 
 
@@ -222,7 +224,7 @@ def test_a_run_given_twice_is_counted_once_and_never_a_verdict(tmp_path, capsys,
     d = one_run_per_arm(tmp_path / "D", legacy=legacy)
     shutil.copytree(d, tmp_path / "copy")
     args = [str(tmp_path / a) for a in given.split()]
-    assert compare.main([*args, "--out", str(tmp_path / "out")]) == 0
+    assert run_command("compare", [*args, "--out", str(tmp_path / "out")]) == 0
     captured = capsys.readouterr()
     same = "same file" if "copy" not in given else "same run_id" if not legacy else "same step times"
     assert f"counted once: {same} as" in captured.err, captured.err
@@ -236,7 +238,7 @@ def test_repeated_arms_given_twice_count_each_run_once(tmp_path):
     for i in range(3):
         fake_run(tmp_path / "D", f"a{i}", noisy(100 + i, 23, rng), dispatcher="alltoall", swept=swept)
         fake_run(tmp_path / "D", f"b{i}", noisy(150 + i, 23, rng), dispatcher="allgather", swept=swept)
-    loaded = compare.load([tmp_path / "D", tmp_path / "D"], print)
+    loaded = load_runs([tmp_path / "D", tmp_path / "D"], print)
     (comp,) = compare.compare(loaded.runs)
     (effect,) = comp.effects.values()
     assert len(loaded.runs) == 6 and effect.n_a == effect.n_b == 3 and effect.verdict == compare.DUPLICATED
@@ -271,7 +273,7 @@ def test_any_json_value_is_skipped_with_a_warning(tmp_path, capsys, text):
     """Old code: AttributeError on [], 42, null."""
     d = one_run_per_arm(tmp_path / "D")
     (d / "1" / "results.json").write_bytes(text.encode("latin-1"))
-    assert compare.main([str(d), "--out", str(tmp_path / "out")]) == compare.EXIT_REFUSED  # one run left
+    assert run_command("compare", [str(d), "--out", str(tmp_path / "out")]) == EXIT_REFUSED  # one run left
     err = capsys.readouterr().err
     assert f"skipped {d / '1' / 'results.json'}: " in err and NOT_RESULTS[text] in err, err
 
@@ -282,7 +284,7 @@ def test_a_results_file_against_the_schema_is_skipped_naming_the_field(tmp_path,
     changes, named = BAD_FIELDS[case]
     d = one_run_per_arm(tmp_path / "D")
     rewrite(d / "1", **changes)
-    assert compare.main([str(d), "--out", str(tmp_path / "out")]) == compare.EXIT_REFUSED
+    assert run_command("compare", [str(d), "--out", str(tmp_path / "out")]) == EXIT_REFUSED
     err = capsys.readouterr().err
     assert named in err and "Traceback" not in err, err
 
@@ -296,7 +298,7 @@ def test_non_finite_zero_or_negative_step_times_never_enter(tmp_path, capsys, ba
     d = one_run_per_arm(tmp_path / "D")
     times = json.loads((d / "0" / "results.json").read_text())["step_times_ms"]
     rewrite(d / "0", step_times_ms=[bad] * len(times) if bad == 0.0 else times[:5] + [bad] + times[6:])
-    assert compare.main([str(d), "--out", str(tmp_path / "out")]) == compare.EXIT_REFUSED
+    assert run_command("compare", [str(d), "--out", str(tmp_path / "out")]) == EXIT_REFUSED
     err = capsys.readouterr().err
     assert named in err and "1 distinct complete run(s)" in err, err
 
@@ -305,13 +307,13 @@ def test_a_stopped_run_is_listed_never_compared(tmp_path, capsys):
     rng = random.Random(11)
     d = one_run_per_arm(tmp_path / "D")
     fake_run(d, "2", noisy(60, 5, rng), dispatcher="allgather", window=[4, 400], status="terminated", signal="SIGTERM")
-    assert compare.main([str(d), "--out", str(tmp_path / "out")]) == 0
+    assert run_command("compare", [str(d), "--out", str(tmp_path / "out")]) == 0
     err = capsys.readouterr().err
     assert "2/results.json: status terminated (SIGTERM) after 5 steps; window [4, 400], steps 4..5 measured" in err
-    loaded = compare.load([d], print)
+    loaded = load_runs([d], print)
     assert [r.path.name for r in loaded.stopped] == ["2"] and len(loaded.runs) == 2
     assert "not compared" in (tmp_path / "out" / "compare.md").read_text()
-    assert compare.main(["--accept", str(d / "2")]) == compare.EXIT_REFUSED
+    assert run_command("accept", [str(d / "2")]) == EXIT_REFUSED
     assert "status terminated" in capsys.readouterr().err
 
 
@@ -319,7 +321,7 @@ def test_a_window_of_one_step_is_no_comparison_not_a_crash(tmp_path, capsys):
     """Old code: stats.welch raised ValueError (fewer than 2 samples)."""
     d = one_run_per_arm(tmp_path / "D")
     rewrite(d / "1", window=[5, 5])
-    assert compare.main([str(d), "--out", str(tmp_path / "out")]) == 0
+    assert run_command("compare", [str(d), "--out", str(tmp_path / "out")]) == 0
     assert "no comparison, 20 and 1 steady samples" in capsys.readouterr().out
 
 
@@ -344,12 +346,12 @@ def test_accept_refuses_what_the_schema_refuses(tmp_path, capsys, changes, named
     """Old code: accepted NaN/negative step times, a window past the steps and NaN losses flagged finite; KeyError on
     a missing loss or steps."""
     d = good_accept_run(tmp_path, **changes)
-    code = compare.main(["--accept", str(d), "--variable", "dispatcher"])
+    code = run_command("accept", [str(d), "--variable", "dispatcher"])
     captured = capsys.readouterr()
     if named is None:
         assert code == 0 and "tokens/s/GPU" in captured.out
     else:
-        assert code == compare.EXIT_REFUSED and "not accepted" in captured.err and named in captured.err, captured.err
+        assert code == EXIT_REFUSED and "not accepted" in captured.err and named in captured.err, captured.err
 
 
 @pytest.mark.parametrize("changes, named", [({"loss": ...}, "loss is missing"), ({"steps": ...}, "steps is missing")])
@@ -357,9 +359,9 @@ def test_diff_refuses_a_run_without_the_keys_it_reads(tmp_path, capsys, changes,
     """Old code: KeyError."""
     d = one_run_per_arm(tmp_path / "D")
     rewrite(d / "1", **changes)
-    assert compare.main(["--diff", str(d / "0"), str(d / "1")]) == compare.EXIT_REFUSED
+    assert run_command("diff", [str(d / "0"), str(d / "1")]) == EXIT_REFUSED
     err = capsys.readouterr().err
-    assert "--diff takes two run directories" in err and named in err
+    assert "diff takes two run directories" in err and named in err
 
 
 @pytest.mark.parametrize("env", ["{not json", "[]", "\xff"])
@@ -368,7 +370,7 @@ def test_diff_survives_a_corrupt_env_json(tmp_path, capsys, env):
     d = one_run_per_arm(tmp_path / "D")
     (d / "0" / "env.json").write_text(json.dumps({"versions": {"torch": "2.13.0"}}))
     (d / "1" / "env.json").write_bytes(env.encode("latin-1"))
-    assert compare.main(["--diff", str(d / "0"), str(d / "1")]) == 0
+    assert run_command("diff", [str(d / "0"), str(d / "1")]) == 0
     captured = capsys.readouterr()
     assert f"{d / '1' / 'env.json'}: " in captured.err and "left out of the diff" in captured.err
     assert "walls" in captured.out
@@ -376,14 +378,14 @@ def test_diff_survives_a_corrupt_env_json(tmp_path, capsys, env):
 
 def test_diff_of_a_run_with_itself_is_refused(tmp_path, capsys):
     d = one_run_per_arm(tmp_path / "D")
-    assert compare.main(["--diff", str(d / "0"), str(d / "0")]) == compare.EXIT_REFUSED
+    assert run_command("diff", [str(d / "0"), str(d / "0")]) == EXIT_REFUSED
     assert "counted once: same file" in capsys.readouterr().err
 
 
 def test_out_holds_the_files_and_is_printed(tmp_path, capsys):
     d = one_run_per_arm(tmp_path / "D")
     out = tmp_path / "new" / "out"
-    assert compare.main([str(d), "--out", str(out)]) == 0
+    assert run_command("compare", [str(d), "--out", str(out)]) == 0
     assert (out / "compare.md").is_file() and (out / "compare.png").stat().st_size > 1000
     assert not (d / "compare.md").exists() and f"written: {out / 'compare.md'}" in capsys.readouterr().out
 
@@ -399,18 +401,18 @@ def test_a_read_only_or_missing_first_directory_writes_to_the_current_one(tmp_pa
     monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if Path(p) == d else access(p, mode, **kw))
     d.chmod(0o555)
     try:
-        assert compare.main([str(d)]) == 0
+        assert run_command("compare", [str(d)]) == 0
     finally:
         d.chmod(0o755)
     assert (cwd / "compare.md").is_file() and not (d / "compare.md").exists()
-    assert compare.main([str(tmp_path / "gone" / "away"), str(d)]) == 0  # missing, and its parent too
+    assert run_command("compare", [str(tmp_path / "gone" / "away"), str(d)]) == 0  # missing, and its parent too
     assert "skipped" in capsys.readouterr().err
 
 
 def test_an_unwritable_out_is_an_error_not_a_traceback(tmp_path, capsys):
     d = one_run_per_arm(tmp_path / "D")
     (tmp_path / "file").write_text("")
-    assert compare.main([str(d), "--out", str(tmp_path / "file" / "sub")]) == compare.EXIT_ERROR
+    assert run_command("compare", [str(d), "--out", str(tmp_path / "file" / "sub")]) == EXIT_FAILED
     captured = capsys.readouterr()
     assert "slower" in captured.out and "cannot write compare.md, compare.png" in captured.err
 
@@ -418,8 +420,8 @@ def test_an_unwritable_out_is_an_error_not_a_traceback(tmp_path, capsys):
 @pytest.mark.parametrize("floor", ["nan", "-0.1", "1.5", "inf"])
 def test_a_bad_noise_floor_is_refused(tmp_path, floor):
     with pytest.raises(SystemExit) as e:
-        compare.main([str(tmp_path), "--noise-floor", floor])
-    assert e.value.code == compare.EXIT_REFUSED
+        run_command("compare", [str(tmp_path), "--noise-floor", floor])
+    assert e.value.code == EXIT_REFUSED
 
 
 def test_arm_names_are_text_not_markup_or_mathtext(tmp_path):
@@ -427,7 +429,7 @@ def test_arm_names_are_text_not_markup_or_mathtext(tmp_path):
     rng = random.Random(13)
     fake_run(tmp_path, "0", noisy(100, 23, rng), dispatcher="[/]$\\frac")
     fake_run(tmp_path, "1", noisy(100, 23, rng), dispatcher="[bold]$x^$")
-    assert compare.main([str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+    assert run_command("compare", [str(tmp_path), "--out", str(tmp_path / "out")]) == 0
     assert "[/]$\\frac" in (tmp_path / "out" / "compare.md").read_text()
 
 
@@ -458,7 +460,7 @@ def repeated(root: Path, deltas: dict[str, float], runs: int, seed: int, run_sd:
 
 def test_repeated_a_a_arms_are_equivalent_within_twice_their_noise(tmp_path, capsys):
     d = repeated(tmp_path / "D", {"alltoall": 0.0, "allgather": 0.0}, runs=6, seed=15)
-    assert compare.main([str(d), "--out", str(tmp_path / "out")]) == 0
+    assert run_command("compare", [str(d), "--out", str(tmp_path / "out")]) == 0
     rec = json.loads((tmp_path / "out" / "compare.json").read_text())
     (pair,) = rec["pairs"]
     assert pair["verdict"] == EQUIVALENT and pair["unit"] == "runs" and pair["runs"] == {"dispatcher=alltoall": 6,
@@ -470,23 +472,23 @@ def test_repeated_a_a_arms_are_equivalent_within_twice_their_noise(tmp_path, cap
     assert "equivalent within" in capsys.readouterr().out
     assert f"equivalent within ±{eq['margin']:.2%}" in (tmp_path / "out" / "compare.md").read_text()
     # a margin tighter than the data can show: undecided, and said so
-    assert compare.main([str(d), "--equivalence", "0.01%", "--out", str(tmp_path / "tight")]) == 0
+    assert run_command("compare", [str(d), "--equivalence", "0.01%", "--out", str(tmp_path / "tight")]) == 0
     assert json.loads((tmp_path / "tight" / "compare.json").read_text())["pairs"][0]["verdict"] == UNDECIDED
 
 
 def test_a_difference_wins_over_equivalence_and_a_declared_floor_never_claims_it(tmp_path):
     d = repeated(tmp_path / "D", {"alltoall": 0.0, "allgather": 0.3}, runs=4, seed=16)
-    (comp,) = compare.compare(compare.load([d], print).runs, baseline="dispatcher=alltoall", equivalence=0.9)  # slower
+    (comp,) = compare.compare(load_runs([d], print).runs, baseline="dispatcher=alltoall", equivalence=0.9)  # slower
     assert comp.effects["dispatcher=allgather"].verdict == SLOWER
     one = one_run_per_arm(tmp_path / "one")
-    (comp,) = compare.compare(compare.load([one], print).runs, noise_floor=0.5, equivalence=0.9)
+    (comp,) = compare.compare(load_runs([one], print).runs, noise_floor=0.5, equivalence=0.9)
     e = comp.effects["dispatcher=allgather"]
     assert e.verdict == UNDECIDED and e.margin is None and comp.noise["dispatcher=allgather"].source == "--noise-floor"
 
 
 def test_compare_json_holds_every_pair_with_its_noise_floor(tmp_path):
     d = one_run_per_arm(tmp_path / "D")
-    assert compare.main([str(d), "--out", str(tmp_path / "out")]) == 0
+    assert run_command("compare", [str(d), "--out", str(tmp_path / "out")]) == 0
     rec = json.loads((tmp_path / "out" / "compare.json").read_text())
     (pair,) = rec["pairs"]
     assert rec["compare_version"] == 1 and pair["variable"] == "dispatcher"
@@ -499,8 +501,8 @@ def test_compare_json_holds_every_pair_with_its_noise_floor(tmp_path):
 @pytest.mark.parametrize("margin", ["0", "1", "-2%", "nan", "abc"])
 def test_a_bad_equivalence_margin_is_refused(tmp_path, margin):
     with pytest.raises(SystemExit) as e:
-        compare.main([str(tmp_path), "--equivalence", margin])
-    assert e.value.code == compare.EXIT_REFUSED
+        run_command("compare", [str(tmp_path), "--equivalence", margin])
+    assert e.value.code == EXIT_REFUSED
 
 
 def test_a_sequential_sweep_is_noted_with_its_own_verdict(tmp_path, capsys):
@@ -508,6 +510,6 @@ def test_a_sequential_sweep_is_noted_with_its_own_verdict(tmp_path, capsys):
     (d / "sequential.json").write_text(json.dumps({"status": "decided", "pairs": [
         {"baseline": "dispatcher=alltoall", "candidate": "dispatcher=allgather", "verdict": "slower"}],
         "runs_used": {"dispatcher=alltoall": 3, "dispatcher=allgather": 3}}))
-    assert compare.main([str(d), "--out", str(tmp_path / "out")]) == 0
+    assert run_command("compare", [str(d), "--out", str(tmp_path / "out")]) == 0
     assert "repeat=auto" in capsys.readouterr().out
     assert json.loads((tmp_path / "out" / "compare.json").read_text())["sequential"][0]["status"] == "decided"

@@ -6,7 +6,7 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
-from moe_hydra import cli
+from moe_hydra.commands import _overrides as cli
 from moe_hydra.core.layout import Layout
 from moe_hydra.core.resolved import resolve
 from moe_hydra.planning import rules
@@ -107,3 +107,31 @@ def test_a_layout_string_implies_vpp():
     cfg = compose_config("model=deepseek_v3", "hardware=h100_sxm", "hardware.nodes=128", "mesh=dsv3_h100_1024",
                          "parallel.virtual_pipeline_model_parallel_size=null")
     assert Layout.from_config(cfg).vpp == 4 and rules.check(resolve(cfg)) == []
+
+
+def test_compose_gives_what_hydras_compose_api_gives(tmp_path):
+    """The one composer outside ``hydra.main`` (moe_hydra.launch.compose) against Hydra's own compose API: the same
+    config, key for key, for group choices, values, additions, deletions, an experiment and a search path."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from moe_hydra.core.schema import CONF_PACKAGE
+    from moe_hydra.launch.compose import compose, register
+
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "mine.yaml").write_text("# @package _global_\ntrain:\n  micro_batch_size: 3\n")
+    cases = [[], ["model=qwen3_30b_a3b", "hardware=h100_sxm", "mesh=ep8"], ["train.seq_length=512", "repeat=3"],
+             ["dispatcher=deepep", "hardware=b200", "~hardware.env.NVTE_FWD_LAYERNORM_SM_MARGIN"],
+             ["+launcher.additional_parameters.exclusive=true", "launcher=slurm"],
+             [f"hydra.searchpath=[file://{tmp_path}]", "experiment=mine"]]
+    register()
+    for overrides in cases:
+        GlobalHydra.instance().clear()
+        with initialize_config_module(CONF_PACKAGE, version_base="1.3"):
+            theirs = hydra_compose("config", overrides=overrides)
+        GlobalHydra.instance().clear()
+        assert OmegaConf.to_container(compose(overrides)) == OmegaConf.to_container(theirs), overrides
+    with pytest.raises(ConfigCompositionException):
+        compose(["dispatcher=nope"])

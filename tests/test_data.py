@@ -74,7 +74,7 @@ def test_prepare_writes_a_megatron_dataset_with_its_tokenizer(dataset):
 def test_prepare_refuses_a_missing_input_with_one_message(tmp_path):
     r = prepare("--out", str(tmp_path / "ds" / "x"), str(ROOT / "README.md"), str(tmp_path / "absent.md"), cwd=tmp_path)
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert r.stderr.strip().splitlines()[-1] == (f"moe_hydra.data: input file not found: {tmp_path / 'absent.md'}; "
+    assert r.stderr.strip().splitlines()[-1] == (f"moe_hydra.data: refused: input file not found: {tmp_path / 'absent.md'}; "
                                                  "nothing was written")
     assert not (tmp_path / "ds").exists()
 
@@ -114,13 +114,14 @@ def test_the_same_run_on_mock_data_is_refused_by_accept(tmp_path):
 
 def test_a_real_data_run_whose_loss_does_not_fall_is_refused(real_run, tmp_path):
     """The gate reads the run's losses: the same results with a flat loss curve are refused, naming why."""
-    from moe_hydra.analysis import compare as gate
+    from moe_hydra.analysis import acceptance
+    from moe_hydra.analysis.runs import Run
 
     if not (real_run / "results.json").exists():
         pytest.skip("the real-data run did not complete")
     res = json.loads((real_run / "results.json").read_text())
     res["loss"]["per_step"] = [5.0] * res["steps"]
-    problems = gate.acceptance_problems(gate.Run(path=tmp_path, results=res), [])
+    problems = acceptance.acceptance_problems(Run(path=tmp_path, results=res), [])
     assert problems == ["the loss does not fall on real data: 5.0000 -> 5.0000 (mean of steps 1..3 -> window mean)"]
 
 

@@ -18,18 +18,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_module
-from hydra.core.global_hydra import GlobalHydra
-
 from moe_hydra.core import contract
 from moe_hydra.core.env import snapshot
 from moe_hydra.core.resolved import resolve
-from moe_hydra.core.schema import CONF_PACKAGE, conf_dir, register_configs, typed
+from moe_hydra.core.schema import conf_dir
 from moe_hydra.core.versions import mcore_facts
 from moe_hydra.core.violations import LayoutError
+from moe_hydra.core.errors import Refused
 from moe_hydra.handoff import export, ingest, table, text
-from moe_hydra.handoff.table import Refused
-from moe_hydra.launch import points, slurm
+from moe_hydra.launch.compose import compose_typed
 from moe_hydra.planning import rules
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,33 +70,22 @@ def _env() -> dict:
 
 
 class Composer:
-    """Hydra's composition of the real conf/ (one initialisation for the module), cached by the set of overrides."""
+    """The composition of the real conf/ (:func:`moe_hydra.launch.compose.compose_typed`), cached by the set of
+    overrides."""
 
     def __init__(self):
-        register_configs()
-        slurm.register()
-        points.register()
-        GlobalHydra.instance().clear()
-        self._ctx = initialize_config_module(CONF_PACKAGE, version_base="1.3")
-        self._ctx.__enter__()
         self._cache: dict = {}
 
     def __call__(self, overrides: list[str]):
         key = tuple(sorted(overrides))
         if key not in self._cache:
-            self._cache[key] = typed(compose("config", overrides=list(overrides)))
+            self._cache[key] = compose_typed(overrides)
         return self._cache[key]
-
-    def close(self):
-        self._ctx.__exit__(None, None, None)
-        GlobalHydra.instance().clear()
 
 
 @pytest.fixture(scope="module")
 def composer():
-    c = Composer()
-    yield c
-    c.close()
+    return Composer()
 
 
 def contract_hash(cfg) -> str:

@@ -9,10 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moe_hydra import noise as noise_cmd
 from moe_hydra.analysis import compare
+from moe_hydra.analysis.runs import load as load_runs
 from moe_hydra.analysis import noise as noises
+from moe_hydra.commands import run_command
 from moe_hydra.core import stats
+from moe_hydra.core.errors import EXIT_FAILED, EXIT_REFUSED
 from tests.test_compare import BASE_CONTRACT, fake_run, rewrite
 
 RNG_RUNS = 8
@@ -102,7 +104,7 @@ def a_a(root: Path, k: int = 4, seed: int = 5, sigma_b: float = 0.02) -> Path:
 
 def test_noise_command_writes_noise_json_into_the_first_directory(tmp_path, capsys):
     d = a_a(tmp_path / "aa", k=6)
-    assert noise_cmd.main([str(d)]) == 0
+    assert run_command("noise", [str(d)]) == 0
     rec = json.loads((d / "noise.json").read_text())
     assert rec["source"] == "measured" and 0 <= rec["run_to_run_noise"] < 0.1 and rec["runs"] == 6
     assert rec["steps"] == 6 * 20 and rec["steps_per_run"] == 20 and rec["window"] == [4, 23]
@@ -113,23 +115,23 @@ def test_noise_command_writes_noise_json_into_the_first_directory(tmp_path, caps
     assert "run-to-run noise" in capsys.readouterr().out
     assert noises.load(d / "noise.json")["runs"] == 6
     out = tmp_path / "elsewhere"
-    assert noise_cmd.main([str(d), "--out", str(out)]) == 0 and (out / "noise.json").is_file()
+    assert run_command("noise", [str(d), "--out", str(out)]) == 0 and (out / "noise.json").is_file()
 
 
 def test_noise_command_refuses_what_is_not_repeats_of_one_config(tmp_path, capsys):
     one = a_a(tmp_path / "one", k=1)
-    assert noise_cmd.main([str(one)]) == noise_cmd.EXIT_REFUSED
+    assert run_command("noise", [str(one)]) == EXIT_REFUSED
     assert "two runs of one config" in capsys.readouterr().err
     two = a_a(tmp_path / "two", k=3)
     rng = np.random.default_rng(6)
     for i in range(3):
         fake_run(two, f"b{i}", synthetic_runs(rng, 1, 0.02, 0.05, 23)[0], seq=256, swept=("repeat",))
-    assert noise_cmd.main([str(two)]) == noise_cmd.EXIT_REFUSED
+    assert run_command("noise", [str(two)]) == EXIT_REFUSED
     assert "train.seq_length: 128 vs 256" in capsys.readouterr().err
-    assert noise_cmd.main([str(two), "--pool"]) == 0
+    assert run_command("noise", [str(two), "--pool"]) == 0
     assert json.loads((two / "noise.json").read_text())["configs"] == 2
     (tmp_path / "file").write_text("")
-    assert noise_cmd.main([str(two), "--pool", "--out", str(tmp_path / "file" / "sub")]) == noise_cmd.EXIT_ERROR
+    assert run_command("noise", [str(two), "--pool", "--out", str(tmp_path / "file" / "sub")]) == EXIT_FAILED
 
 
 @pytest.mark.parametrize("content, said", [
@@ -140,16 +142,16 @@ def test_noise_command_refuses_what_is_not_repeats_of_one_config(tmp_path, capsy
 def test_a_bad_noise_file_is_refused_naming_the_field(tmp_path, capsys, content, said):
     d = a_a(tmp_path / "aa")
     (tmp_path / "noise.json").write_text(content)
-    code = compare.main([str(d), "--variable", "repeat", "--noise", str(tmp_path / "noise.json"), "--out",
+    code = run_command("compare", [str(d), "--variable", "repeat", "--noise", str(tmp_path / "noise.json"), "--out",
                          str(tmp_path / "out")])
     err = capsys.readouterr().err
-    assert code == compare.EXIT_REFUSED and said in err, err
+    assert code == EXIT_REFUSED and said in err, err
 
 
 def test_noise_and_noise_floor_are_one_or_the_other(tmp_path):
     with pytest.raises(SystemExit) as e:
-        compare.main([str(tmp_path), "--noise", "x.json", "--noise-floor", "0.1"])
-    assert e.value.code == compare.EXIT_REFUSED
+        run_command("compare", [str(tmp_path), "--noise", "x.json", "--noise-floor", "0.1"])
+    assert e.value.code == EXIT_REFUSED
 
 
 # --------------------------------------------------------------------------- compare with the measured noise
@@ -159,8 +161,8 @@ def test_compare_with_the_measured_noise_of_an_a_a_sweep(tmp_path, capsys):
     """The acceptance check's path: an A/A sweep, its noise, compare --noise: no faster/slower, source measured,
     in the table, compare.md and compare.json."""
     d = a_a(tmp_path / "aa", k=4, sigma_b=0.05)
-    assert noise_cmd.main([str(d)]) == 0
-    assert compare.main([str(d), "--variable", "repeat", "--noise", str(d / "noise.json"), "--out",
+    assert run_command("noise", [str(d)]) == 0
+    assert run_command("compare", [str(d), "--variable", "repeat", "--noise", str(d / "noise.json"), "--out",
                          str(tmp_path / "cmp")]) == 0
     out = capsys.readouterr().out
     rec = json.loads((tmp_path / "cmp" / "compare.json").read_text())
@@ -181,7 +183,7 @@ def test_the_measured_noise_is_a_variance_not_a_floor(tmp_path):
         rng = np.random.default_rng(7)
         fake_run(root, "0", (100 * (1 + rng.normal(0, 0.01, 23))).tolist(), dispatcher="alltoall")
         fake_run(root, "1", ((100 + delta) * (1 + rng.normal(0, 0.01, 23))).tolist(), dispatcher="allgather")
-        return compare.load([root], print).runs
+        return load_runs([root], print).runs
 
     floor = noises.Floor(0.08, noises.MEASURED, file="n.json", df=7.0, step_noise=0.01)
     (small,) = compare.compare(arms(10, tmp_path / "a"), noise=floor)
@@ -194,17 +196,17 @@ def test_the_measured_noise_is_a_variance_not_a_floor(tmp_path):
 
 def test_compare_noise_file_from_the_runs_config_and_from_the_site(tmp_path, monkeypatch):
     d = a_a(tmp_path / "aa", k=4)
-    assert noise_cmd.main([str(d), "--out", str(tmp_path / "site")]) == 0
+    assert run_command("noise", [str(d), "--out", str(tmp_path / "site")]) == 0
     for i in range(4):  # as a run records its config: compare.noise_file from the command line or the site file
         (d / str(i) / ".hydra").mkdir()
         (d / str(i) / ".hydra" / "config.yaml").write_text(
             f"compare:\n  noise_file: {tmp_path / 'site' / 'noise.json'}\n")
-    assert compare.main([str(d), "--variable", "repeat", "--out", str(tmp_path / "c1")]) == 0
+    assert run_command("compare", [str(d), "--variable", "repeat", "--out", str(tmp_path / "c1")]) == 0
     assert {p["noise_floor"]["source"] for p in json.loads((tmp_path / "c1" / "compare.json").read_text())["pairs"]} \
         == {"measured"}
     for i in range(4):
         (d / str(i) / ".hydra" / "config.yaml").write_text("compare:\n  noise_file: null\n")
-    assert compare.main([str(d), "--variable", "repeat", "--out", str(tmp_path / "c2")]) == 0
+    assert run_command("compare", [str(d), "--variable", "repeat", "--out", str(tmp_path / "c2")]) == 0
     assert {p["noise_floor"]["source"] for p in json.loads((tmp_path / "c2" / "compare.json").read_text())["pairs"]} \
         == {"declared"}
     # a site file names it, relative to $MOE_HYDRA_SITE
@@ -214,12 +216,12 @@ def test_compare_noise_file_from_the_runs_config_and_from_the_site(tmp_path, mon
     monkeypatch.setenv("MOE_HYDRA_SITE", str(tmp_path / "site"))
     for i in range(4):
         (d / str(i) / ".hydra" / "config.yaml").unlink()
-    assert compare.main([str(d), "--variable", "repeat", "--out", str(tmp_path / "c3")]) == 0
+    assert run_command("compare", [str(d), "--variable", "repeat", "--out", str(tmp_path / "c3")]) == 0
     pairs = json.loads((tmp_path / "c3" / "compare.json").read_text())["pairs"]
     assert {p["noise_floor"]["source"] for p in pairs} == {"measured"}
     assert pairs[0]["noise_floor"]["file"] == str(tmp_path / "site" / "noise.json")
     # --noise-floor still names a floor of its own
-    assert compare.main([str(d), "--variable", "repeat", "--noise-floor", "0.05", "--out", str(tmp_path / "c4")]) == 0
+    assert run_command("compare", [str(d), "--variable", "repeat", "--noise-floor", "0.05", "--out", str(tmp_path / "c4")]) == 0
     assert {p["noise_floor"]["source"] for p in json.loads((tmp_path / "c4" / "compare.json").read_text())["pairs"]} \
         == {"--noise-floor"}
 
@@ -230,7 +232,7 @@ def test_a_missing_configured_noise_file_falls_back_to_the_declared_one_with_a_w
     for i in range(2):
         (d / str(i) / ".hydra").mkdir()
         (d / str(i) / ".hydra" / "config.yaml").write_text(f"compare:\n  noise_file: {tmp_path / 'gone.json'}\n")
-    assert compare.main([str(d), "--variable", "repeat", "--out", str(tmp_path / "c")]) == 0
+    assert run_command("compare", [str(d), "--variable", "repeat", "--out", str(tmp_path / "c")]) == 0
     assert "the declared hardware.run_to_run_noise is used instead" in capsys.readouterr().err
     rec = json.loads((tmp_path / "c" / "compare.json").read_text())
     assert rec["pairs"][0]["noise_floor"] == {"value": 0.2, "source": "declared"}

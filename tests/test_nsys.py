@@ -19,14 +19,13 @@ import time
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_module
-from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf, open_dict
 
 from moe_hydra.core import env
 from moe_hydra.core.resolved import resolve
-from moe_hydra.core.schema import CONF_PACKAGE, register_configs, typed
-from moe_hydra.launch import local, points, slurm
+from moe_hydra.core.schema import typed
+from moe_hydra.launch import local, slurm
+from moe_hydra.launch.compose import compose
 from moe_hydra.planning import plan
 
 NSYS_WINDOW = ("profile=window", "profile.tool=nsys")
@@ -64,12 +63,7 @@ def _path_without_nsys() -> str:
 
 
 def _compose(*overrides: str, hydra_config: bool = False):
-    register_configs()
-    slurm.register()
-    points.register()
-    GlobalHydra.instance().clear()
-    with initialize_config_module(CONF_PACKAGE, version_base="1.3"):
-        return compose("config", overrides=list(overrides), return_hydra_config=hydra_config)
+    return compose(overrides, hydra=hydra_config)
 
 
 # ------------------------------------------------------------------ (a) the refusal where nsys is absent
@@ -129,7 +123,7 @@ def test_rank_wrapper_is_nsys_for_profile_tool_nsys(tmp_path, compose_cfg):
 # ------------------------------------------------------------------ (c) the local launcher's subprocess path
 
 def _spec(out_dir: Path, *overrides: str) -> dict:
-    """The job's spec as moe_hydra.app builds it (``_job_spec``) for a CPU run of ``overrides``."""
+    """The job's spec as moe_hydra.commands.run builds it (``_job_spec``) for a CPU run of ``overrides``."""
     cfg = _compose("logger=none", *overrides)
     obj = OmegaConf.to_object(cfg)
     r = resolve(obj, local.implementation(obj))

@@ -1,107 +1,26 @@
-"""Generated override sets through ``stage=plan`` in-process (hypothesis): every key of the schema and every
-config group, valid and invalid values, deletions and additions. No exception escapes, nothing hangs, every
-refusal names a key it was given. ``benchmarks/hardening.py`` runs the same strategy over 10,000 seeded sets
-and reports the slowest plan (the goal: under 2 s whatever the values).
+"""Generated override sets through ``stage=plan`` in-process (:mod:`moe_hydra.testing.overrides`): no exception
+escapes, nothing hangs, every refusal names a key it was given. Each commit draws its own sample (seeded by the
+commit, :func:`moe_hydra.testing.commit_seed`), so the sets tried grow with the history; the 10,000-set run is
+``benchmarks/hardening_overrides.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, seed, settings
 
-from moe_hydra import app, cli
-from moe_hydra.core import bounds
-from moe_hydra.core.schema import leaves as schema_leaves
+from moe_hydra.testing import commit_seed
+from moe_hydra.testing.overrides import check_one, override_sets
 
 pytestmark = pytest.mark.slow
 
 
-# stage (plan is the point), the launcher and the experiments (they start sweeps, on Slurm too) are left out
-LEAVES = {p: t for p, t in schema_leaves() if p != "stage" and not p.startswith("launcher.")}
-GROUPS = {g: options for g, options in cli.groups().items() if g not in ("launcher", "experiment")}
-WEIRD = ["abc", "", "null", "nan", "inf", "-inf", "1e400", "10" * 20, "-1", "0", "[]", "[1", "{}", "'", "${env:HOME}",
-         "${oc.env:HOME}", "${model.hidden_size}", "${nope}", "true", "[1,2,3]", "1.5", "-0.0", "\u00e9", "a b"]
-
-
-def _numbers(path: str) -> st.SearchStrategy[str]:
-    lo, hi = bounds.DOMAINS[path]
-    integer = isinstance(lo, int) and isinstance(hi, int)
-    inside = st.integers(int(lo), int(min(hi, 2**20))) if integer else st.floats(lo, hi, allow_nan=False)
-    edges = st.sampled_from([lo, hi, lo - 1, hi + 1, 0, -1, 10**30]) if integer else \
-        st.sampled_from([lo, hi, -1e-9, hi * 2, float("nan"), float("inf"), 0.0])
-    return st.one_of(inside, edges).map(str)
-
-
-def _values(path: str) -> st.SearchStrategy[str]:
-    t = LEAVES[path]
-    name = str(t)
-    if path in bounds.DOMAINS:
-        typed = _numbers(path)
-    elif path in bounds.LIST_DOMAINS:
-        typed = st.lists(st.integers(-3, 2**12), max_size=4).map(lambda xs: "[" + ",".join(map(str, xs)) + "]")
-    elif "bool" in name:
-        typed = st.sampled_from(["true", "false"])
-    else:
-        typed = st.text("abcdefghijklmnopqrstuvwxyz_|tEL0123456789", max_size=12)
-    return st.one_of(typed, typed, st.sampled_from(WEIRD))
-
-
-@st.composite
-def override(draw) -> str:
-    kind = draw(st.sampled_from(["key", "key", "key", "group", "delete", "add"]))
-    if kind == "group":
-        group = draw(st.sampled_from(sorted(GROUPS)))
-        return f"{group}={draw(st.one_of(st.sampled_from(GROUPS[group]), st.sampled_from(['nope', '', 'ep'])))}"
-    path = draw(st.sampled_from(sorted(LEAVES)))
-    if kind == "delete":
-        return f"~{path}"
-    value = draw(_values(path))
-    return f"{'+' if kind == 'add' else ''}{path}={value}"
-
-
-override_sets = st.lists(override(), min_size=1, max_size=4)
-
-
-def plan_in_process(overrides: list[str], run_dir: Path) -> tuple[int, str]:
-    """``python -m moe_hydra stage=plan OVERRIDES`` in this process (app.main, as the command runs it): (exit
-    code, what it printed). An exception escaping main is a failure of the promise, and propagates."""
-    argv = sys.argv
-    sys.argv = ["moe_hydra", "stage=plan", *overrides, f"hydra.run.dir={run_dir}"]
-    out = io.StringIO()
-    code = 0
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-            app.main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    finally:
-        sys.argv = argv
-    return code, out.getvalue()
-
-
-def check_one(overrides: list[str], run_dir: Path) -> tuple[int, float]:
-    """One set through stage=plan in-process: (exit code, seconds); raises AssertionError on a broken promise."""
-    start = time.perf_counter()
-    code, message = plan_in_process(overrides, run_dir)
-    seconds = time.perf_counter() - start
-    assert code in (0, 2), (overrides, code, message)
-    assert "Traceback" not in message, (overrides, message)
-    if code == 2:
-        keys = {o.lstrip("~+").split("=", 1)[0] for o in overrides}
-        assert any(k in message for k in keys), (overrides, message)
-    return code, seconds
-
-
-@settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@seed(commit_seed())
+@settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(override_sets)
 def test_generated_override_sets_plan_or_are_refused_naming_a_key(overrides):
     with tempfile.TemporaryDirectory() as d:
-        check_one(overrides, Path(d))  # the 2 s per plan is the benchmark's to measure (benchmarks/hardening.py)
+        check_one(overrides, Path(d))  # the 2 s per plan is benchmarks/hardening_overrides.py's to measure

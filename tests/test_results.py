@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from moe_hydra.core import results
-from moe_hydra.launch import state
+from moe_hydra.commands import run_command
+from moe_hydra.launch import follow, outcome
 
 NEED = ("contract", "contract_hash", "loss")
 
@@ -171,18 +172,18 @@ def test_sweep_status_tells_stopped_and_unreadable_results(tmp_path, capsys):
               _point(tmp_path, 3, "COMPLETED", json.dumps(valid(window=[4, 99]))),
               _point(tmp_path, 4, "TIMEOUT", json.dumps(stopped))]
     (tmp_path / "sweep.json").write_text(json.dumps({"points": points}))
-    told = {p.num: p for p in state.status(tmp_path)}
+    told = {p.num: p for p in follow.status(tmp_path)}
     assert [told[n].state for n in range(5)] == ["COMPLETED", "TERMINATED", "UNKNOWN", "UNKNOWN", "TIMEOUT"]
     assert told[1].error == "stopped by SIGTERM after 5 steps (results.json status terminated)"
     assert "2/results.json: the file holds [], not a JSON object" in told[2].error
     assert "window [4, 99] is outside the 12 steps run" in told[3].error
-    assert state.main(["status", str(tmp_path)]) == 1
+    assert run_command("sweep", ["status", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert "#1 TERMINATED" in out and "1 of 5 points complete" in out
 
 
 def test_complete_results_is_read_through_the_schema(tmp_path):
     (tmp_path / "results.json").write_text(json.dumps(valid(step_times_ms=[float("nan")] * 12)))
-    assert state.complete_results(tmp_path) is None
+    assert outcome.complete_results(tmp_path) is None
     (tmp_path / "results.json").write_text(json.dumps(valid()))
-    assert state.complete_results(tmp_path)["status"] == "ok"
+    assert outcome.complete_results(tmp_path)["status"] == "ok"

@@ -15,7 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from moe_hydra.core import stats
-from moe_hydra.launch import sequential, state
+from moe_hydra.launch import outcome, sequential
 from tests.test_compare import fake_run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,12 +113,12 @@ class FakeSweeper:
             num = first + i
             d = self.sweep_dir / str(num)
             if self.detach:
-                rets.append(state.job_return(point, state.SUBMITTED, None, str(d)))
+                rets.append(outcome.job_return(point, outcome.SUBMITTED, None, str(d)))
                 continue
             arm = next(o for o in point if o.startswith("dispatcher="))
             mean = self.means[arm] * (1 + self.rng.normal(0, self.sd_run))
             fake_run(self.sweep_dir, str(num), list(mean * (1 + self.rng.normal(0, 0.03, 23))))
-            rets.append(state.job_return(point, "COMPLETED", None, str(d)))
+            rets.append(outcome.job_return(point, "COMPLETED", None, str(d)))
         return rets
 
 
@@ -184,7 +184,7 @@ def test_drive_refuses_what_it_cannot_run(tmp_path, capsys, args, said):
     if "compare.max_repeats=0" in args:  # composed into the sweep's config, as Hydra does
         s.config.compare.max_repeats = 0
     [[ret]] = sequential.drive(s, _overrides(*args))
-    assert state.state_of(ret) == "INVALID" and said in capsys.readouterr().err
+    assert outcome.state_of(ret) == "INVALID" and said in capsys.readouterr().err
     assert not s.batches and len(s.ended) == 1  # the refusal reaches Hydra's callbacks (the exit code)
 
 

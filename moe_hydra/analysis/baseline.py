@@ -1,7 +1,7 @@
 """Golden values: an accepted run kept as a baseline file, and later runs judged against it.
 
-    python -m moe_hydra.compare --accept RUN --save-baseline golden/tiny_moe.json
-    python -m moe_hydra.compare --against golden/tiny_moe.json RUN [RUN ...] [--variable KEY ...]
+    moe-hydra accept RUN --save-baseline golden/tiny_moe.json
+    moe-hydra regress golden/tiny_moe.json RUN [RUN ...] [--variable KEY ...]
 
 Megatron-Bridge checks its nightly runs against golden values with fixed thresholds; here the baseline keeps its
 steady-window samples, so a later run is judged with the statistics of an A/B (:mod:`moe_hydra.core.stats`: Welch's
@@ -12,7 +12,7 @@ as compare: a run whose contract differs from the baseline's in anything but the
 A run **regressed** when its step time is slower beyond the noise, its peak memory is more than
 ``memory_tolerance`` (5 %) above the baseline's, or its loss over the window differs from the baseline's by more
 than ``loss_tolerance`` (2 %, relative; same data, seed and contract give the same losses up to numerics). Exit code
-:data:`EXIT_REGRESSED` (3) then, so CI fails.
+:data:`~moe_hydra.core.errors.EXIT_REGRESSED` (3) then, so CI fails.
 
 The baseline file (``baseline_version`` 1, JSON): ``created``, ``source`` (the run's directory), ``run_id``,
 ``contract``, ``contract_hash``, ``contract_full_hash``, ``label``, ``window``, ``window_step_times_ms`` (the
@@ -34,14 +34,10 @@ from typing import Any
 
 from moe_hydra.core import contract as contracts
 from moe_hydra.core import stats
+from moe_hydra.core.errors import Refused
 
 BASELINE_VERSION = 1
-EXIT_REGRESSED = 3
 MEMORY_TOLERANCE, LOSS_TOLERANCE = 0.05, 0.02
-
-
-class BadBaseline(Exception):
-    """The baseline file cannot be used; the message says why."""
 
 
 def _window_losses(results: dict[str, Any]) -> list[float]:
@@ -88,22 +84,22 @@ def load(path: Path) -> dict[str, Any]:
     """A baseline file.
 
     Raises:
-        BadBaseline: unreadable, not JSON, another version, or a field missing.
+        Refused: unreadable, not JSON, another version, or a field missing.
     """
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as e:
-        raise BadBaseline(f"{path}: unreadable or not JSON ({type(e).__name__})") from None
+        raise Refused(f"{path}: unreadable or not JSON ({type(e).__name__})") from None
     if not isinstance(doc, dict) or doc.get("baseline_version") != BASELINE_VERSION:
         got = doc.get("baseline_version") if isinstance(doc, dict) else type(doc).__name__
-        raise BadBaseline(f"{path}: baseline_version {got!r}, not {BASELINE_VERSION}: not a baseline file "
+        raise Refused(f"{path}: baseline_version {got!r}, not {BASELINE_VERSION}: not a baseline file "
                           "(write one with compare --accept RUN --save-baseline FILE)")
     samples = doc.get("window_step_times_ms")
     if not isinstance(doc.get("contract"), dict) or not isinstance(samples, list) or len(samples) < 2 or not all(
             isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in samples):
-        raise BadBaseline(f"{path}: contract or window_step_times_ms (>= 2 finite step times) missing")
+        raise Refused(f"{path}: contract or window_step_times_ms (>= 2 finite step times) missing")
     if not isinstance(doc.get("loss"), dict) or not isinstance(doc["loss"].get("window_mean"), (int, float)):
-        raise BadBaseline(f"{path}: loss.window_mean missing")
+        raise Refused(f"{path}: loss.window_mean missing")
     return doc
 
 

@@ -36,6 +36,7 @@ from typing import Any
 
 from moe_hydra.core import contract as contracts
 from moe_hydra.core import stats
+from moe_hydra.core.errors import Refused
 from moe_hydra.core.schema import site_dir
 
 NOISE_FILE = "noise.json"
@@ -44,10 +45,6 @@ MEASURED, REPEATS, DECLARED, OPTION = "measured", "repeats", "declared", "--nois
 CONFIG_KEY = "compare.noise_file"
 
 Warn = Callable[[str], None]
-
-
-class BadNoise(Exception):
-    """A noise file (or the runs to measure one from) cannot be used; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -84,15 +81,15 @@ def _window(run: Any) -> list[float]:
 
 def measure(groups: Sequence[Sequence[Any]], dirs: Sequence[Path]) -> tuple[stats.Noise, dict[str, Any]]:
     """The noise of ``groups`` (configs -> runs, objects with ``window_steps``, ``results`` and ``path``, as
-    :func:`moe_hydra.analysis.compare.load` gives them) and the ``noise.json`` record.
+    :func:`moe_hydra.analysis.runs.load` gives them) and the ``noise.json`` record.
 
     Raises:
-        BadNoise: fewer than two runs of one config, or runs of one step.
+        Refused: fewer than two runs of one config, or runs of one step.
     """
     try:
         noise = stats.run_noise([[_window(r) for r in g] for g in groups])
     except ValueError as e:
-        raise BadNoise(str(e)) from None
+        raise Refused(str(e)) from None
     runs = [r for g in groups for r in g]
     first = runs[0].results
     windows = {tuple(r.results.get("window") or ()) for r in runs}
@@ -145,28 +142,28 @@ def load(path: Path) -> dict[str, Any]:
     """A noise file, checked: source measured, run_to_run_noise a fraction in [0, 1), df positive.
 
     Raises:
-        BadNoise: missing, not JSON, or against those.
+        Refused: missing, not JSON, or against those.
     """
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise BadNoise(f"{path}: no such noise file (python -m moe_hydra.noise DIR writes one)") from None
+        raise Refused(f"{path}: no such noise file (python -m moe_hydra.noise DIR writes one)") from None
     except (OSError, ValueError, RecursionError) as e:
-        raise BadNoise(f"{path}: unreadable or not JSON ({type(e).__name__})") from None
+        raise Refused(f"{path}: unreadable or not JSON ({type(e).__name__})") from None
     if not isinstance(data, dict):
-        raise BadNoise(f"{path}: not a JSON object")
+        raise Refused(f"{path}: not a JSON object")
     value = data.get("run_to_run_noise")
     if data.get("source") != MEASURED:
-        raise BadNoise(f"{path}: source is {data.get('source')!r}, want \"measured\"")
+        raise Refused(f"{path}: source is {data.get('source')!r}, want \"measured\"")
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1:
-        raise BadNoise(f"{path}: run_to_run_noise is {value!r} (want a fraction in [0, 1))")
+        raise Refused(f"{path}: run_to_run_noise is {value!r} (want a fraction in [0, 1))")
     df = data.get("df")
     if df is not None and (not isinstance(df, (int, float)) or isinstance(df, bool) or not df >= 0):
-        raise BadNoise(f"{path}: df is {df!r} (want a number >= 0)")
+        raise Refused(f"{path}: df is {df!r} (want a number >= 0)")
     interval = data.get("interval")
     if interval is not None and not (isinstance(interval, list) and len(interval) == 2 and all(
             isinstance(x, (int, float)) and math.isfinite(x) for x in interval)):
-        raise BadNoise(f"{path}: interval is {interval!r} (want [low, high])")
+        raise Refused(f"{path}: interval is {interval!r} (want [low, high])")
     return data
 
 
@@ -238,7 +235,7 @@ def configured(run_dirs: Sequence[Path], warn: Warn) -> Path | None:
 
 
 def measured_floor(noise_file: Path | None, run_dirs: Sequence[Path], warn: Warn) -> Floor | None:
-    """The measured noise compare uses: ``noise_file`` (--noise; a bad one raises :class:`BadNoise`), else the
+    """The measured noise compare uses: ``noise_file`` (--noise; a bad one raises :class:`Refused`), else the
     configured one (a bad or missing one is warned about and the declared noise is used), else None."""
     if noise_file is not None:
         return floor_of(load(noise_file), noise_file)
@@ -247,7 +244,7 @@ def measured_floor(noise_file: Path | None, run_dirs: Sequence[Path], warn: Warn
         return None
     try:
         return floor_of(load(path), path)
-    except BadNoise as e:
+    except Refused as e:
         warn(f"{CONFIG_KEY}: {e}; the declared hardware.run_to_run_noise is used instead")
         return None
 

@@ -32,6 +32,8 @@ import os
 import struct
 from typing import Any
 
+from moe_hydra.core.errors import Refused
+
 TRAINING_EQUIVALENT = "training-equivalent"
 BENCHMARK_ONLY = "benchmark-only"
 
@@ -136,7 +138,7 @@ TOKENIZER_SUFFIX = ".tokenizer.json"
 MAX_TOKEN_SCAN_BYTES = 64 * 1024 * 1024
 
 
-class DataFileError(ValueError):
+class DataFileError(Refused):
     """A dataset file that is absent (``kind`` ``missing``) or not what Megatron-Core reads (``corrupt``,
     ``tokenizer``); the message names the file."""
 

@@ -52,3 +52,10 @@ def console():
 
     c = Console()
     return c if c.is_terminal else Console(width=160)
+
+
+def utc_now() -> str:
+    """Now, in UTC, as an ISO 8601 timestamp to the second (what the ledgers record)."""
+    import datetime
+
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

@@ -614,7 +614,14 @@ def typed(cfg: Any) -> Config:
 
 
 def register_configs() -> None:
-    """Register the root schema as ``base_config``; ``conf/config.yaml`` extends it."""
+    """Register the root schema as ``base_config``; ``conf/config.yaml`` extends it. Its ``--help`` template lists
+    the exit codes through the resolver ``moe_hydra.exit_codes`` (:mod:`moe_hydra.core.errors`), registered here."""
     from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    from moe_hydra.core.errors import EXIT_FAILED, EXIT_OK, EXIT_REFUSED, MEANINGS, exit_code_lines
 
     ConfigStore.instance().store(name="base_config", node=Config)
+    if not OmegaConf.has_resolver("moe_hydra.exit_codes"):
+        run_exits = {code: MEANINGS[code] for code in (EXIT_OK, EXIT_FAILED, EXIT_REFUSED)}
+        OmegaConf.register_new_resolver("moe_hydra.exit_codes", lambda: exit_code_lines(run_exits, True, indent=""))

@@ -635,6 +635,7 @@ def simulate(effect: float, design: Design, sigma_b: float, sigma_w: float, step
     k = design.max_repeats
     verdicts = {v: 0 for v in VERDICTS}
     used = []
+
     def runs(mu: float, count: int):
         shift = rng.normal(0.0, sigma_b, count)
         return mu * (1 + shift[:, None] + rng.normal(0.0, sigma_w, (count, steps)))

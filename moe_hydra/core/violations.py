@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from moe_hydra.core import overrides
+from moe_hydra.core.errors import Refused
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +25,7 @@ class Violation:
         return f"[{self.rule}] {self.message}\n        {where}\n        fix: {self.fix}"
 
 
-class LayoutError(ValueError):
+class LayoutError(Refused):
     """The composed config breaks one or more rules. ``violations`` holds all of them."""
 
     def __init__(self, violations: list[Violation], subject: str = "this config"):

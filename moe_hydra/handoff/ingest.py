@@ -10,7 +10,7 @@ export -> ingest gives back the values export wrote. Then:
 - the comment line's other overrides, as they were;
 - one override per key the flags set, less those the chosen presets already give the same value.
 
-A flag the table does not read is refused, every one named at once (:class:`~moe_hydra.handoff.table.Refused`),
+A flag the table does not read is refused, every one named at once (:class:`~moe_hydra.core.errors.Refused`),
 except those that change nothing moe_hydra plans or measures (checkpointing, logging, the learning-rate schedule, data
 plumbing: ``table.NOTED``), which are listed as ignored.
 
@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moe_hydra.core import overrides as codec
+from moe_hydra.core.errors import Refused
 from moe_hydra.handoff import export, presets, table, text
-from moe_hydra.handoff.table import Flags, Refused
+from moe_hydra.handoff.table import Flags
 
 # Groups whose preset name is part of the contract (``<group>.name``): ingest names one.
 NAMED = ("model", "precision", "recompute", "offload", "dispatcher", "routing")

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moe_hydra.core.arch import activation_func
+from moe_hydra.core.errors import Refused
 from moe_hydra.core.pipeline import stage_count
 from moe_hydra.core.resolved import ATTENTION_BACKENDS
 
@@ -39,10 +40,6 @@ MEGATRON_LM = "Megatron-LM core_v0.16.1"
 class Unmapped(Exception):
     """A value that has no flag (or no Bridge key) at the pinned version: export reports it and leaves the key to
     the ``# moe_hydra:`` line."""
-
-
-class Refused(Exception):
-    """Input that ingest cannot map; the message names every flag or key concerned."""
 
 
 @dataclass(frozen=True)

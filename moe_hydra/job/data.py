@@ -18,16 +18,23 @@ k of step s is the same tokens whatever TP/EP/DP is, so loss curves compare acro
 The tokenizer GPTDataset reads (``eod``, ``pad``, ``vocab_size``) is :class:`DatasetTokenizer`, described by
 ``<prefix>.tokenizer.json`` next to the dataset (written by ``python -m moe_hydra.data prepare``); a dataset
 made by another tool has none, and then no id is special (Megatron's defaults need none).
+
+:func:`prepare` is ``moe-hydra data prepare``'s work: text files tokenized into such a dataset with Megatron-Core's
+own ``IndexedDatasetBuilder``.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from moe_hydra.core.errors import Refused
 
 # The byte-level tokenizer of ``python -m moe_hydra.data prepare``: ids 0..255 are the bytes of the UTF-8 text,
 # then the end-of-document and padding ids.
@@ -196,3 +203,65 @@ def make_data(r: Any, out_dir: Path | str) -> MockData | MegatronData:
                             cache_dir=cfg.data.path_to_cache or str(Path(out_dir) / "data_cache"))
     return MockData(cfg.model.vocab_size, batch.seq_length, batch.micro_batch_size, batch.global_batch_size,
                     batch.micro_batches_per_step, cfg.data.seed)
+
+
+# ----------------------------------------------------------------------------- moe-hydra data prepare
+
+def _documents(text: str, per: str) -> list[str]:
+    if per == "file":
+        return [text] if text.strip() else []
+    return [p for p in re.split(r"\n\s*\n", text) if p.strip()]
+
+
+def prepare(files: list[str], out: str, tokenizer: str = "bytes", documents: str = "file") -> dict:
+    """Tokenize ``files`` into the dataset ``out`` (a prefix); returns its counts.
+
+    Raises:
+        Refused: an input is missing, unreadable or not UTF-8, there is no text, or the output cannot be written.
+    """
+    missing = [f for f in files if not Path(f).is_file()]
+    if missing:
+        raise Refused(f"input file{'s' if len(missing) > 1 else ''} not found: {', '.join(missing)}; nothing was "
+                         "written")
+    if tokenizer != "bytes":
+        raise Refused(f"--tokenizer {tokenizer}: the byte-level tokenizer (bytes) is the one this command has")
+    texts = []
+    for f in files:
+        try:
+            texts.append(Path(f).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as e:
+            raise Refused(f"{f} cannot be read as UTF-8 text ({e}); nothing was written") from None
+    docs = [d for t in texts for d in _documents(t, documents)]
+    if not docs:
+        raise Refused(f"no text in {', '.join(files)}; nothing was written")
+    prefix = Path(out)
+    try:
+        prefix.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise Refused(f"--out {out}: cannot create {prefix.parent}: {e.strerror or e}") from None
+
+    import warnings
+
+    import numpy
+
+    with warnings.catch_warnings():  # Megatron-Core's notes on kernels it falls back from: nothing this command uses
+        warnings.simplefilter("ignore")
+        from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
+
+    tok = DatasetTokenizer.bytes()
+    dtype = DType.optimal_dtype(tok.vocab_size)
+    tokens = 0
+    try:
+        builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=dtype)
+        for doc in docs:
+            ids = numpy.asarray(tok.tokenize(doc) + [tok.eod], dtype=dtype)
+            builder.add_document(ids, [ids.size])
+            tokens += ids.size
+        builder.finalize(f"{prefix}.idx")
+        description = {**tok.description(), "made_by": "python -m moe_hydra.data prepare", "dtype": numpy.dtype(dtype).name,
+                       "documents": len(docs), "tokens": tokens, "inputs": [Path(f).name for f in files]}
+        Path(f"{prefix}.tokenizer.json").write_text(json.dumps(description, indent=2) + "\n", encoding="utf-8")
+    except OSError as e:
+        raise Refused(f"--out {out}: cannot write the dataset: {e.strerror or e}") from None
+    return {"prefix": str(prefix), "documents": len(docs), "tokens": tokens, "dtype": numpy.dtype(dtype).name,
+            "vocab_size": tok.vocab_size}

@@ -38,12 +38,12 @@ from hydra.core.config_store import ConfigStore
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from moe_hydra.analysis.compare import Run
+from moe_hydra.analysis.runs import Run
 from moe_hydra.core import io, overrides, stats
+from moe_hydra.core.errors import Refused
 from moe_hydra.core.schema import Config, Stage, typed
 from moe_hydra.core.violations import LayoutError
-from moe_hydra.launch import points
-from moe_hydra.launch import state as sweep
+from moe_hydra.launch import outcome, points
 from moe_hydra.planning import search
 from moe_hydra.planning.step_model import TERMS
 
@@ -130,7 +130,7 @@ class LayoutSweeperImpl(Sweeper):
             self.config.hydra.sweeper.params = {key: "searched" for key in searched}
         try:
             lock = points.claim(self.config)  # one sweep per directory, taken before multirun.yaml is written
-        except sweep.Refused as e:
+        except Refused as e:
             return self._outcome("INVALID", str(e))
         with lock:
             OmegaConf.save(self.config, Path(str(self.config.hydra.sweep.dir)) / "multirun.yaml")
@@ -177,7 +177,7 @@ class LayoutSweeperImpl(Sweeper):
         JobReturn of a point named "layout search"."""
         if message:
             print(f"moe_hydra: {message}", file=sys.stderr, flush=True)
-        ret = sweep.job_return(["layout search"], state, message)
+        ret = outcome.job_return(["layout search"], state, message)
         self.hydra_context.callbacks.on_job_end(config=self.config, job_return=ret)
         return [ret]
 
@@ -206,18 +206,18 @@ class LayoutSweeperImpl(Sweeper):
                 for i, c in enumerate(top)]
         log.info("screening %d layouts (the leading tied set) through %s", len(jobs), type(self.launcher).__name__)
         returns = self.launcher.launch(jobs, initial_job_idx=0)
-        if any(sweep.state_of(ret) == sweep.SUBMITTED for ret in returns):  # launcher.detach=true: ranked later
+        if any(outcome.state_of(ret) == outcome.SUBMITTED for ret in returns):  # launcher.detach=true: ranked later
             queued = {"detached": True, "noise_floor": cfg.hardware.run_to_run_noise, "base": base,
                       "screen_warmup": self.screen_warmup, "validate_steps": self.validate_steps,
-                      "arms": [_arm(c, None, sweep.output_dir(ret)) | {"status": sweep.state_of(ret)}
+                      "arms": [_arm(c, None, outcome.output_dir(ret)) | {"status": outcome.state_of(ret)}
                                for c, ret in zip(top, returns)]}
             io.console().print(f"screening of {len(top)} layouts queued; python -m moe_hydra.sweep wait {sweep_dir} "
                                "ranks them (layouts.json, screening.md) when they have run", markup=False)
             return queued, returns
         arms = []
         for c, ret in zip(top, returns):
-            job_dir = sweep.output_dir(ret)
-            arms.append(_arm(c, sweep.complete_results(job_dir) if job_dir else None, job_dir))
+            job_dir = outcome.output_dir(ret)
+            arms.append(_arm(c, outcome.complete_results(job_dir) if job_dir else None, job_dir))
         table = rank_measured(arms, cfg.hardware.run_to_run_noise)
         conclude(table, base, self.screen_warmup, self.validate_steps, sweep_dir)
         return table, returns
@@ -254,7 +254,7 @@ def finish_screening(sweep_dir: Path) -> dict | None:
         job_dir = Path(a["dir"]) if a.get("dir") not in (None, "None") else None
         candidate = {"layout": a["layout"], "rank": a["predicted_rank"], "overrides": a["overrides"],
                      "step_time_s": a["predicted_step_s"]}
-        arms.append(_arm(candidate, sweep.complete_results(job_dir) if job_dir else None, job_dir))
+        arms.append(_arm(candidate, outcome.complete_results(job_dir) if job_dir else None, job_dir))
     table = rank_measured(arms, queued["noise_floor"])
     conclude(table, queued["base"], queued["screen_warmup"], queued["validate_steps"], sweep_dir)
     report["screening"] = table

@@ -251,7 +251,7 @@ def _stop_signal(exitcode: int) -> str | None:
     return names.get(exitcode)
 
 
-# what the caller reads of a complete run (moe_hydra.app._run_job)
+# what the caller reads of a complete run (moe_hydra.commands.run._run_job)
 NEEDED = ("steps", "window", "step_time_ms", "tokens_per_s_per_gpu", "tflops_per_gpu", "loss")
 
 

@@ -7,7 +7,7 @@ whole sweep. moe_hydra refuses points (``Refused``) and reports failed ones (``F
 sweeper expands the sweep as the basic sweeper does (its ``split_arguments``: the cartesian product, in batches
 of ``max_batch_size``), composes every point (as the basic sweeper does, to fail before anything is queued),
 refuses those that do not compose, launches the rest with their own job numbers and returns every JobReturn; the
-app's :class:`~moe_hydra.app.Outcomes` callback turns them into the report and the exit code.
+run command's :class:`~moe_hydra.commands.run.Outcomes` callback turns them into the report and the exit code.
 
 One sweep per directory: :func:`claim` holds ``hydra.sweep.dir`` while a sweep runs (the layout sweeper takes it
 too), before ``multirun.yaml`` is written.
@@ -31,7 +31,8 @@ from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from moe_hydra.launch import sequential, state
+from moe_hydra.core.errors import Refused
+from moe_hydra.launch import outcome, sequential
 
 log = logging.getLogger("moe_hydra")
 
@@ -132,14 +133,14 @@ def claim(config: DictConfig) -> IO:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         lock.close()
-        raise state.Refused(f"another sweep is running in {sweep_dir}; start this one in a directory of its own: "
+        raise Refused(f"another sweep is running in {sweep_dir}; start this one in a directory of its own: "
                             f"hydra.sweep.dir=<dir>") from None
     except OSError as e:  # e.g. a Lustre mount without -o flock
         log.warning("cannot lock %s (%s): a sweep started there at the same time would not be refused", sweep_dir, e)
     other = _other_sweep(sweep_dir / "multirun.yaml", config)
     if other:
         lock.close()
-        raise state.Refused(f"{sweep_dir} {other}; its points would mix with this one's. Start this one in a "
+        raise Refused(f"{sweep_dir} {other}; its points would mix with this one's. Start this one in a "
                             f"directory of its own: hydra.sweep.dir=<dir> (that sweep's own command resumes it)")
     return lock
 
@@ -198,11 +199,11 @@ class PointsSweeperImpl(Sweeper):
         overrides = parser.parse_overrides([*(f"{k}={v}" for k, v in self.params.items()), *arguments])
         detached = detach_problem(self.config)
         if detached:
-            return [[state.refuse(self.hydra_context, self.config, ["launcher.detach=true"], detached)]]
+            return [[outcome.refuse(self.hydra_context, self.config, ["launcher.detach=true"], detached)]]
         try:
             lock = claim(self.config)
-        except state.Refused as e:
-            return [[state.refuse(self.hydra_context, self.config, [f"hydra.sweep.dir={self.config.hydra.sweep.dir}"],
+        except Refused as e:
+            return [[outcome.refuse(self.hydra_context, self.config, [f"hydra.sweep.dir={self.config.hydra.sweep.dir}"],
                                   str(e))]]
         with lock:
             OmegaConf.save(self.config, Path(str(self.config.hydra.sweep.dir)) / "multirun.yaml")
@@ -249,4 +250,4 @@ class PointsSweeperImpl(Sweeper):
             config.hydra.job.num = num
         reason = problem.replace("\n", "\n  ")
         message = f"#{num} {' '.join(point)}: Hydra cannot compose this point; it was not launched.\n  {reason}"
-        return state.refuse(self.hydra_context, config, list(point), message)
+        return outcome.refuse(self.hydra_context, config, list(point), message)

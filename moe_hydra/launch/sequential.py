@@ -46,7 +46,8 @@ from omegaconf import DictConfig, OmegaConf
 from moe_hydra.analysis import noise as noises
 from moe_hydra.analysis.compare import SEQUENTIAL_FILE
 from moe_hydra.core import bounds, io, results, stats
-from moe_hydra.launch import state
+from moe_hydra.core.errors import Refused
+from moe_hydra.launch import outcome
 
 log = logging.getLogger("moe_hydra")
 
@@ -86,7 +87,7 @@ def design_of(config: DictConfig, warn=log.warning) -> tuple[stats.Design, dict[
         p = noises.resolve_path(str(path))
         try:
             floor = noises.floor_of(noises.load(p), p)
-        except noises.BadNoise as e:
+        except Refused as e:
             warn(f"compare.noise_file: {e}; the arms' own runs alone give the variance")
     window = sel("contract.window") or [1, 1]
     steps = max(int(window[-1]) - int(window[0]) + 1, 1)
@@ -120,8 +121,8 @@ def design_of(config: DictConfig, warn=log.warning) -> tuple[stats.Design, dict[
 
 def _run_stat(ret: Any) -> tuple[stats.RunStat | None, str | None, float | None]:
     """(the run as the test reads it, its directory, its window's mean) of a settled point; None when incomplete."""
-    point_dir = state.output_dir(ret)
-    res = state.complete_results(point_dir) if point_dir else None
+    point_dir = outcome.output_dir(ret)
+    res = outcome.complete_results(point_dir) if point_dir else None
     if not res:
         return None, str(point_dir) if point_dir else None, None
     measured = results.measured_window(res)
@@ -142,7 +143,7 @@ def drive(sweeper: Any, overrides: list) -> list[list[Any]]:
     arms = [list(p) for batch in BasicSweeper.split_arguments(overrides, None) for p in batch]
 
     def refused(message: str) -> list[list[Any]]:
-        return [[state.refuse(sweeper.hydra_context, config, ["repeat=auto"], message)]]
+        return [[outcome.refuse(sweeper.hydra_context, config, ["repeat=auto"], message)]]
 
     if any(o.split("=", 1)[0].lstrip("+~") == "repeat" for arm in arms for o in arm):
         return refused("repeat=auto sets the repeat index itself; drop the other repeat=... override. "
@@ -182,7 +183,7 @@ def drive(sweeper: Any, overrides: list) -> list[list[Any]]:
         rets = list(sweeper._launch(batch, num))
         num += len(batch)
         returns.append(rets)
-        states = [state.state_of(ret) for ret in rets]
+        states = [outcome.state_of(ret) for ret in rets]
         points = []
         for i in range(len(arms)):
             runs[i].append(None)
@@ -193,7 +194,7 @@ def drive(sweeper: Any, overrides: list) -> list[list[Any]]:
                            "state": st_, "mean_ms": mean})
         entry: dict[str, Any] = {"round": r + 1, "points": points, "looks": {}}
         record["rounds"].append(entry)
-        if any(s == state.SUBMITTED for s in states):
+        if any(s == outcome.SUBMITTED for s in states):
             record["status"] = "queued"
             log.info("repeat=auto: round %d queued; once it has run (python -m moe_hydra.sweep wait %s), the same "
                      "command looks and queues the next round", r + 1, sweep_dir)

@@ -48,11 +48,11 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLaunche
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from moe_hydra.core import env
+from moe_hydra.core.io import utc_now
 from moe_hydra.core.resolved import resolve
 from moe_hydra.core.schema import Stage, typed
 from moe_hydra.core.violations import LayoutError, V, Violation
-from moe_hydra.launch import local
-from moe_hydra.launch import state as sweep
+from moe_hydra.launch import attempts, follow, ledger, local, outcome, progress
 
 log = logging.getLogger("moe_hydra")
 
@@ -140,8 +140,6 @@ def nsys_setup(point_dir: Path) -> list[str]:
          'exit 2; }'),
         f"mkdir -p {shlex.quote(str(Path(point_dir) / local.NSYS_DIR))}",
     ]
-
-
 
 
 # pyxis's srun options (https://github.com/NVIDIA/pyxis): launcher field -> option; booleans take --no- (or the
@@ -260,24 +258,24 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
         measures from scratch), or end the point ("timed-out too many times": ``launcher.max_num_timeout``)."""
         rank = slurm_rank() or 0
         if rank == 0 and point_dir:
-            sweep.attempt_started(Path(point_dir))
+            attempts.attempt_started(Path(point_dir))
         try:
             ret = super().__call__(sweep_overrides, job_dir_key, job_num, job_id, singleton_state)
         except SystemExit as e:
             if e.code == STOP_USR2:
                 self._after_usr2(rank, point_dir)
             elif rank == 0 and point_dir:
-                sweep.attempt_ended(Path(point_dir), f"exit {e.code}")
-                sweep.record_attempts_in_results(Path(point_dir))
+                attempts.attempt_ended(Path(point_dir), f"exit {e.code}")
+                attempts.record_attempts_in_results(Path(point_dir))
             raise
         except BaseException as e:
             if rank == 0 and point_dir:
-                sweep.attempt_ended(Path(point_dir), f"{type(e).__name__}: {e}", requeued=False)
-                sweep.record_attempts_in_results(Path(point_dir))
+                attempts.attempt_ended(Path(point_dir), f"{type(e).__name__}: {e}", requeued=False)
+                attempts.record_attempts_in_results(Path(point_dir))
             raise
         if rank == 0 and point_dir:
-            sweep.attempt_ended(Path(point_dir), "completed", requeued=False)
-            sweep.record_attempts_in_results(Path(point_dir))
+            attempts.attempt_ended(Path(point_dir), "completed", requeued=False)
+            attempts.record_attempts_in_results(Path(point_dir))
         return ret
 
     @staticmethod
@@ -289,8 +287,8 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
         handler = signal.getsignal(signal.SIGUSR2)
         if not callable(handler):  # not under submitit's handler: nothing requeues the point
             if rank == 0 and point_dir:
-                sweep.attempt_ended(Path(point_dir), "stopped by SIGUSR2", requeued=False)
-                sweep.record_attempts_in_results(Path(point_dir))
+                attempts.attempt_ended(Path(point_dir), "stopped by SIGUSR2", requeued=False)
+                attempts.record_attempts_in_results(Path(point_dir))
             return
         if rank != 0:
             raise SystemExit(0)
@@ -305,8 +303,8 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
             raise
         finally:
             if point_dir:
-                sweep.attempt_ended(Path(point_dir), "stopped by SIGUSR2", requeued=requeued)
-                sweep.record_attempts_in_results(Path(point_dir))
+                attempts.attempt_ended(Path(point_dir), "stopped by SIGUSR2", requeued=requeued)
+                attempts.record_attempts_in_results(Path(point_dir))
 
     # ------------------------------------------------------------------ in the submitting process
 
@@ -370,19 +368,19 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         detach = bool(OmegaConf.select(self.config, "launcher.detach", default=False))
         points, configs, submit = [], [], []
-        earlier = {e["num"]: e for e in (sweep.read_sweep(sweep_dir) or {"points": []})["points"]}
+        earlier = {e["num"]: e for e in (ledger.read_sweep(sweep_dir) or {"points": []})["points"]}
         live = self._still_out(earlier)
         validated: dict[str, tuple] = {}
         for i, overrides in enumerate(job_overrides):
             num = initial_job_idx + i
             cfg = self._point_config(list(overrides), num)
             point_dir = sweep_dir / str(cfg.hydra.sweep.subdir)
-            p = sweep.Point(num=num, overrides=list(filter_overrides(overrides)), dir=str(point_dir))
+            p = ledger.Point(num=num, overrides=list(filter_overrides(overrides)), dir=str(point_dir))
             configs.append(cfg)
-            kept = sweep.complete_results(point_dir)
+            kept = outcome.complete_results(point_dir)
             if kept:
                 p.state = "KEPT"
-                sweep.fill_from_results(p, kept)
+                ledger.fill_from_results(p, kept)
                 p.slurm_job_id = earlier.get(num, {}).get("slurm_job_id")
                 p.submitit_folder = earlier.get(num, {}).get("submitit_folder")
                 p.logs = earlier.get(num, {}).get("logs", [])
@@ -398,7 +396,7 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
             key = _validation_key(cfg)
             if key is None or key not in validated:
                 job_cfg = typed(cfg)
-                try:  # the node is not this machine: its own check runs in the job (moe_hydra.app)
+                try:  # the node is not this machine: its own check runs in the job (moe_hydra.commands.run)
                     r = resolve(job_cfg)
                     violations = plan.run_violations(r) if job_cfg.stage is Stage.run else rules.check(r)
                 except LayoutError as e:
@@ -423,11 +421,11 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
             key = json.dumps(params, sort_keys=True)
             submit.append((key, p, (list(overrides), "hydra.sweep.dir", num, f"job_id_for_{num}",
                                     Singleton.get_state(), str(point_dir))))
-        submitted_at = sweep.now()
+        submitted_at = utc_now()
         for key in dict.fromkeys(k for k, _, _ in submit):
             group = [(p, args) for k, p, args in submit if k == key]
             for p, _ in group:  # attempts of an earlier launch are not this one's
-                (Path(p.dir) / sweep.ATTEMPTS_FILE).unlink(missing_ok=True)
+                (Path(p.dir) / attempts.ATTEMPTS_FILE).unlink(missing_ok=True)
             params = json.loads(key)
             folder = params["submitit_folder"]
             log.info("Submitting %d point(s) to Slurm; sweep dir %s", len(group), sweep_dir)
@@ -436,7 +434,7 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
                 p.slurm_job_id, p.submitit_folder, p.submitted_at = job.job_id, folder, submitted_at
                 p.state, p.logs = "PENDING", [str(job.paths.stdout), str(job.paths.stderr)]
         follow = [f"python -m moe_hydra.sweep {c} {shlex.quote(str(sweep_dir))}" for c in ("status", "wait", "cancel")]
-        sweep.write_sweep(sweep_dir, self._merge_earlier(sweep_dir, points), detached=detach, follow=follow,
+        ledger.write_sweep(sweep_dir, self._merge_earlier(sweep_dir, points), detached=detach, follow=follow,
                           **({"submitted_at": submitted_at} if submit else {}))
         queued = [p for p in points if p.active]
         if detach and not queued:
@@ -447,42 +445,42 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
                       + (f", {len(queued) - len(submit)} still out from an earlier launch"
                          if len(queued) > len(submit) else "")
                       + f"; sweep.json in {sweep_dir}. Follow the campaign with\n  " + "\n  ".join(follow), flush=True)
-            returns = [sweep.job_return(p.overrides, sweep.SUBMITTED if p.active else p.state, p.error, p.dir)
+            returns = [outcome.job_return(p.overrides, outcome.SUBMITTED if p.active else p.state, p.error, p.dir)
                        for p in points]
         else:
             if queued:
                 points = self._wait(sweep_dir, points, follow)
-            sweep.report(points, f"sweep {sweep_dir}")
+            progress.report(points, f"sweep {sweep_dir}")
             for p in points:
                 if not p.ok and p.state != "INVALID":
                     log.error("#%d %s: %s\n%s", p.num, " ".join(p.overrides), p.state, p.error or "")
-            returns = [sweep.job_return(p.overrides, p.state, p.error, p.dir) for p in points]
+            returns = [outcome.job_return(p.overrides, p.state, p.error, p.dir) for p in points]
         for cfg, ret in zip(configs, returns):  # the app reads the outcomes as Hydra callbacks get them
             self.hydra_context.callbacks.on_job_end(config=cfg, job_return=ret)
         return returns
 
     @staticmethod
-    def _still_out(earlier: dict[int, dict]) -> dict[int, sweep.Point]:
+    def _still_out(earlier: dict[int, dict]) -> dict[int, ledger.Point]:
         """The points an earlier launch into this directory queued that Slurm still holds (one sacct for all)."""
-        candidates = [sweep.Point.from_json(e) for e in earlier.values()
-                      if e.get("slurm_job_id") and e.get("state") not in sweep.FINAL_CACHED]
+        candidates = [ledger.Point.from_json(e) for e in earlier.values()
+                      if e.get("slurm_job_id") and e.get("state") not in follow.FINAL_CACHED]
         if not candidates:
             return {}
-        sweep.refresh(candidates)
+        follow.refresh(candidates)
         return {p.num: p for p in candidates if p.active}
 
     @staticmethod
-    def _wait(sweep_dir: Path, points: list[sweep.Point], follow: list[str]) -> list[sweep.Point]:
-        """Attached: wait for every point of this launch (at submitit's pace; :func:`moe_hydra.launch.state.wait`);
+    def _wait(sweep_dir: Path, points: list[ledger.Point], follow: list[str]) -> list[ledger.Point]:
+        """Attached: wait for every point of this launch (at submitit's pace; :func:`moe_hydra.launch.follow.wait`);
         this launch's points, settled. Ctrl-C leaves them to Slurm and says how to follow them."""
-        def shown(all_points: list[sweep.Point]) -> None:
+        def shown(all_points: list[ledger.Point]) -> None:
             counts: dict[str, int] = {}
             for p in all_points:
                 counts[p.state] = counts.get(p.state, 0) + 1
             log.info("sweep %s: %s", sweep_dir, ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
 
         try:
-            settled = {p.num: p for p in sweep.wait(sweep_dir, on_change=shown)}
+            settled = {p.num: p for p in follow.wait(sweep_dir, on_change=shown)}
         except KeyboardInterrupt:
             print("\nmoe_hydra: stopped waiting; the points go on in Slurm. Follow them with\n  " + "\n  ".join(follow),
                   file=sys.stderr, flush=True)
@@ -490,8 +488,8 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
         return [settled.get(p.num, p) for p in points]
 
     @staticmethod
-    def _merge_earlier(sweep_dir: Path, points: list[sweep.Point]) -> list[sweep.Point]:
+    def _merge_earlier(sweep_dir: Path, points: list[ledger.Point]) -> list[ledger.Point]:
         """Keep the entries of earlier batches of this sweep directory that this launch did not touch."""
-        earlier = sweep.read_sweep(sweep_dir) or {"points": []}
+        earlier = ledger.read_sweep(sweep_dir) or {"points": []}
         mine = {p.num for p in points}
-        return points + [sweep.Point.from_json(e) for e in earlier["points"] if e["num"] not in mine]
+        return points + [ledger.Point.from_json(e) for e in earlier["points"] if e["num"] not in mine]

@@ -1,6 +1,8 @@
-"""``python -m moe_hydra``: compose -> validate -> plan -> (stage=run) launch the job.
+"""Plan, fit or train a config (the default): compose -> validate -> plan -> (stage=run) launch the job.
 
-Exit codes: 0 done; 1 a job started and failed; 2 bad input, refused before anything of it started.
+    python -m moe_hydra [group=option ...] [key=value ...] [-m]      moe-hydra run ...
+
+The arguments are Hydra's overrides and flags (``moe-hydra run --help``: the config groups and keys).
 Bad input (an unknown key or option, an override Hydra cannot read or compose, a broken rule, a sweep
 directory that holds another sweep) ends with one message that names the override to change, exit code 2,
 no traceback, and nothing launched. In a multirun, invalid points are reported and skipped, the valid
@@ -24,19 +26,20 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from moe_hydra import cli
+from moe_hydra.commands import _overrides
 from moe_hydra.core import env, io, overrides
+from moe_hydra.core.errors import EXIT_FAILED, EXIT_OK, EXIT_REFUSED, MEANINGS, Failed, Refused
 from moe_hydra.core.resolved import Resolved, resolve
 from moe_hydra.core.schema import CONF_PACKAGE, Stage, register_configs
 from moe_hydra.core.violations import LayoutError
-from moe_hydra.launch import local, slurm
-from moe_hydra.launch import state as sweep
+from moe_hydra.launch import local, outcome, slurm
 from moe_hydra.planning import plan, render
 
 log = logging.getLogger("moe_hydra")
 
-EXIT_FAILED = 1  # a job started and failed
-EXIT_INVALID = 2  # refused before anything started
+# moe-hydra run --help lists them (conf/config.yaml's help template, through moe_hydra.core.schema.register_configs)
+EXITS = {code: MEANINGS[code] for code in (EXIT_OK, EXIT_FAILED, EXIT_REFUSED)}
+SIGNALS = True  # a signal stops the job: 128 + its number
 # What a point leaves in its directory, and what tells its outcome (moe_hydra.sweep status, compare): a point
 # run again into the same directory starts without its earlier run's
 OUTCOME_FILES = ("violations.json", "results.json", "fit.json", "plan.json", "env.json")
@@ -57,9 +60,9 @@ class Outcomes(Callback):
         args = " ".join(job_return.overrides or []) or "(defaults)"
         multirun = OmegaConf.select(config, "hydra.mode", default=None) == RunMode.MULTIRUN
         name = f"#{num} {args}" if multirun and num is not None and num >= 0 else args
-        self.outcomes.append((name, sweep.state_of(job_return)))
+        self.outcomes.append((name, outcome.state_of(job_return)))
         error = job_return._return_value
-        if isinstance(error, BaseException) and not isinstance(error, (sweep.Refused, sweep.Failed)):
+        if isinstance(error, BaseException) and not isinstance(error, (Refused, Failed)):
             # not a refusal or a failed job the point reported: a bug, shown whole
             print(f"moe_hydra: {name} raised\n" + "".join(traceback.format_exception(error)), file=sys.stderr)
 
@@ -70,14 +73,14 @@ class Outcomes(Callback):
         self._exit()
 
     def _exit(self) -> None:
-        failed = [name for name, state in self.outcomes if state not in (*sweep.OK_STATES, "PLANNED", "INVALID")]
+        failed = [name for name, state in self.outcomes if state not in (*outcome.OK_STATES, "PLANNED", "INVALID")]
         invalid = [name for name, state in self.outcomes if state == "INVALID"]
         if (failed or invalid) and len(self.outcomes) > 1:
             print(f"moe_hydra: {len(failed) + len(invalid)} of {len(self.outcomes)} points did not complete:\n  "
                   + "\n  ".join([f"{p} (refused)" for p in invalid] + [f"{p} (failed)" for p in failed]),
                   file=sys.stderr)
         if failed or invalid:
-            sys.exit(EXIT_FAILED if failed else EXIT_INVALID)
+            sys.exit(EXIT_FAILED if failed else EXIT_REFUSED)
 
 
 def _sweep_context() -> tuple[list[str], str | None]:
@@ -111,7 +114,7 @@ def _keys_set_by(group: str, options: list[str], overrides: list[str]) -> list[s
     ``conf/`` and any ``hydra.searchpath`` directory): e.g. the layout search's generated experiments."""
     keys: list[str] = []
     for option in options:
-        for root in cli.config_roots(cli.search_path(overrides)):
+        for root in _overrides.config_roots(_overrides.search_path(overrides)):
             path = Path(root) / group / f"{option}.yaml"
             if not path.exists():
                 continue
@@ -154,15 +157,15 @@ def _point_name() -> str:
 
 
 def _refuse(message: str) -> NoReturn:
-    """Refuse this point: the message, then :class:`~moe_hydra.launch.state.Refused` as its JobReturn's value."""
+    """Refuse this point: the message, then :class:`~moe_hydra.core.errors.Refused` as its JobReturn's value."""
     print(f"moe_hydra: {message}", file=sys.stderr, flush=True)
-    raise sweep.Refused(message)
+    raise Refused(message)
 
 
 def _fail(message: str) -> NoReturn:
-    """This point started and failed: the message, then :class:`~moe_hydra.launch.state.Failed` as its value."""
+    """This point started and failed: the message, then :class:`~moe_hydra.core.errors.Failed` as its value."""
     print(f"moe_hydra: {message}", file=sys.stderr, flush=True)
-    raise sweep.Failed(message)
+    raise Failed(message)
 
 
 def _typed(cfg: DictConfig):
@@ -306,26 +309,28 @@ def _hydra_app(cfg: DictConfig) -> str:
     return run_point(cfg)
 
 
-def main() -> None:
-    """``python -m moe_hydra`` and ``moe-hydra``: check the overrides, then hand the command to Hydra. The
-    exit code comes from the points' JobReturns (:class:`Outcomes`), or is 2 for an override that moe_hydra or
-    Hydra refuses before any point starts."""
+def main(argv: list[str], prog: str = "python -m moe_hydra") -> int:
+    """Check the overrides, then hand the command line to Hydra; the exit code. It comes from the points'
+    JobReturns (:class:`Outcomes`), or is 2 for an override that moe_hydra or Hydra refuses before any point
+    starts."""
     from moe_hydra.launch import layout_sweeper, points
 
     register_configs()
     slurm.register()
     layout_sweeper.register()
     points.register()
-    sys.argv[1:] = args = cli.normalize(sys.argv[1:])
-    problems = cli.check_overrides(args)
+    args = _overrides.normalize(argv)
+    problems = _overrides.check_overrides(args)
     if problems:
         print("moe_hydra: " + "\n  ".join(problems), file=sys.stderr)
-        sys.exit(EXIT_INVALID)
+        return EXIT_REFUSED
+    sys.argv[:] = [prog, *args]  # Hydra reads its command line there
     try:
         _hydra_app()
     except SystemExit as e:
         # Hydra reports an override it cannot read or compose (a value of the wrong type for its key) itself, then
         # exits 1 from inside its handler of that error: the error is the exit's __context__. Nothing started.
         if e.code == EXIT_FAILED and isinstance(e.__context__, (OverrideParseException, ConfigCompositionException)):
-            sys.exit(EXIT_INVALID)
-        raise
+            return EXIT_REFUSED
+        return e.code if isinstance(e.code, int) else (EXIT_OK if e.code is None else EXIT_FAILED)
+    return EXIT_OK

@@ -1,0 +1,143 @@
+"""The complete runs under directories, each counted once: what compare, accept, diff, regress and noise read.
+
+Every results.json is read through the schema (:mod:`moe_hydra.core.results`); one that fails it (not an object, a
+step time that is NaN, infinite, zero or negative, a window outside the steps run, a NaN loss, a results_version
+other than 1, ...) is skipped with one warning naming the file and the field, whatever the file's own flags claim.
+A run stopped by a signal (status interrupted or terminated) is listed, never compared. Failed points and plan-only
+directories are skipped with a warning naming the file.
+
+A run is counted once: files with the same run_id, the same file reached twice (``D D``, ``D D/0``) and files with
+identical step times (a copy of a run written before run_id existed) are one run, with a warning ("counted once:
+same run_id as ..."); the copies are kept on the run (``Run.copies``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from moe_hydra.core import contract as contracts
+from moe_hydra.core import results
+
+NEED = ("contract", "contract_hash", "loss")  # what every use of a complete run reads (results.problems)
+
+Warn = Callable[[str], None]
+
+
+@dataclass
+class Run:
+    """A complete (or stopped) run: its directory, its results.json as read through the schema, the other files
+    of the same run that were counted once."""
+
+    path: Path
+    results: dict[str, Any]
+    copies: list[Path] = field(default_factory=list)  # other results.json files of this run, counted once
+
+    @property
+    def window_steps(self) -> list[float]:
+        first, last = results.measured_window(self.results) or (1, 0)
+        return self.results["step_times_ms"][first - 1:last]
+
+    @property
+    def window_mean(self) -> float:
+        return sum(self.window_steps) / len(self.window_steps)
+
+
+@dataclass
+class Loaded:
+    """What the directories hold, each run once: ``runs`` complete (compared), ``stopped`` by a signal (listed,
+    never compared), ``rejected`` the reasons results.json files were not used (against the schema, failed)."""
+
+    runs: list[Run] = field(default_factory=list)
+    stopped: list[Run] = field(default_factory=list)
+    rejected: list[str] = field(default_factory=list)
+
+
+def _files(dirs: list[Path], warn: Warn) -> Iterator[Path]:
+    """Every results.json under ``dirs`` (a directory's own, else its points'); plan-only points are warned."""
+    for d in dirs:
+        try:
+            if not d.is_dir():
+                warn(f"skipped {d}: {'not a directory' if d.exists() else 'no such directory'}")
+                continue
+            found = [d / "results.json"] if (d / "results.json").exists() else sorted(
+                p for p in d.rglob("results.json") if "wandb" not in p.parts)
+            plans = {p.parent for p in d.rglob("plan.json")} - {p.parent for p in found}
+        except OSError as e:
+            warn(f"skipped {d}: {e.strerror or type(e).__name__}")
+            continue
+        for p in sorted(plans):
+            warn(f"skipped {p}: a plan without results (stage=plan, or a point that never ran)")
+        yield from found
+
+
+def _identities(path: Path, res: dict[str, Any]) -> list[tuple[str, Any]]:
+    """What makes a run the same run: its file; its run_id; without one (version 0), its step times under its
+    contract (no two runs time every step alike, so a copy of an old run is found in any directory)."""
+    keys: list[tuple[str, Any]] = [("file", os.path.realpath(path))]
+    if "run_id" in res:
+        return keys + [("run_id", res["run_id"])]
+    times = tuple(res.get("step_times_ms") or ())
+    return keys + ([("step times", (contracts.digest(res.get("contract") or {}), times))] if times else [])
+
+
+def stopped_line(run: Run) -> str:
+    """A stopped run, told: its file, status, signal, and how much of its window it measured."""
+    r = run.results
+    window = results.measured_window(r)
+    return (f"{run.path / 'results.json'}: status {r['status']} ({r.get('signal') or 'no signal named'}) after "
+            f"{r['steps']} steps; window {r['window']}, "
+            + (f"steps {window[0]}..{window[1]} measured" if window else "none of it measured")
+            + ": a stopped run is never compared or accepted")
+
+
+def load(dirs: list[Path], warn: Warn) -> Loaded:
+    """Every run under ``dirs``, each counted once; anything not compared is warned, naming the file."""
+    loaded, seen = Loaded(), {}
+
+    def reject(message: str) -> None:
+        loaded.rejected.append(message)
+        warn(f"skipped {message}")
+
+    for path in _files(dirs, warn):
+        res, problem = results.read(path, NEED)
+        if problem:
+            reject(problem)
+            continue
+        keys = _identities(path, res)
+        same = next(((what, seen[(what, key)]) for what, key in keys if (what, key) in seen), None)
+        if same:
+            what, run = same
+            run.copies.append(path)
+            warn(f"{path} counted once: same {what} as {run.path / 'results.json'}")
+            continue
+        run = Run(path.parent, res)
+        seen.update({k: run for k in keys})
+        if res["status"] == results.OK:
+            loaded.runs.append(run)
+        elif res["status"] in results.STOPPED:
+            loaded.stopped.append(run)
+            warn(f"not compared: {stopped_line(run)}")
+        else:
+            reject(f"{path}: status {res['status']!r} ({str(res.get('error', ''))[:120]})")
+    return loaded
+
+
+
+def not_compared(loaded: Loaded) -> list[str]:
+    """Why the results.json files that were found are not among the runs compared (for accept, diff, regress)."""
+    return loaded.rejected + [stopped_line(r) for r in loaded.stopped]
+
+
+
+def contract_value(run: Run, key: str) -> Any:
+    """The value of ``key`` (a dotted key, or a config group: its section) in the run's contract; None without."""
+    node: Any = run.results["contract"]
+    for part in contracts.GROUP_SECTIONS.get(key, key).split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node

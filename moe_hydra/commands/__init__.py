@@ -1,0 +1,125 @@
+"""Every moe_hydra command, one module each, in one pattern.
+
+    moe-hydra [run] [OVERRIDES...] [-m]      python -m moe_hydra [OVERRIDES...] [-m]
+    moe-hydra <command> [ARGS...]            python -m moe_hydra.<command> [ARGS...]
+
+A command is a module of this package (named in :data:`COMMANDS`; a module whose name starts with ``_`` is a helper):
+
+- its docstring is its ``--help``, the first line its summary in ``moe-hydra --help``;
+- ``EXITS`` says what each exit code it can end with means for it (the codes: :mod:`moe_hydra.core.errors`);
+- ``arguments(parser)`` adds its arguments to an ``argparse`` parser, and ``run(args)`` does the work, returning an
+  exit code (None: 0) or raising :class:`~moe_hydra.core.errors.Refused` (bad input, exit 2) or
+  :class:`~moe_hydra.core.errors.Failed` (exit 1), which :func:`run_command` turns into one message and the exit
+  code; argparse itself refuses a malformed command line with exit 2; ``TRAILING_WORDS``, when set, names the
+  attribute of ``args`` that receives every word after the first ``--``, unparsed (None without one);
+- or, for the run command (``python -m moe_hydra``, Hydra's application), ``main(argv)``: Hydra parses its
+  overrides and the points' JobReturns add up to its exit code.
+
+``python -m moe_hydra.<command>`` is a two-line module beside this package (:func:`entry`); ``moe-hydra`` and
+``python -m moe_hydra`` are :func:`cli`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import importlib
+import sys
+from types import ModuleType
+
+from moe_hydra.core.errors import EXIT_FAILED, EXIT_OK, EXIT_REFUSED, Failed, Refused, exit_code_help, signal_exit
+
+# In the order moe-hydra --help lists them: the loop's order, then the hand-off and the data
+COMMANDS = ("run", "compare", "accept", "diff", "regress", "noise", "sweep", "export", "ingest", "data")
+
+
+def command(name: str) -> ModuleType:
+    """The module of command ``name``."""
+    return importlib.import_module(f"moe_hydra.commands.{name}")
+
+
+def summary(module: ModuleType) -> str:
+    """A command's one-line summary: the first line of its docstring."""
+    return (module.__doc__ or "").strip().splitlines()[0].rstrip(".").replace("``", "")
+
+
+def parser(name: str, prog: str) -> argparse.ArgumentParser:
+    """The argparse parser of command ``name``: its docstring as the description, its exit codes as the epilog."""
+    module = command(name)
+    ap = argparse.ArgumentParser(prog=prog, description=module.__doc__,
+                                 epilog=exit_code_help(module.EXITS, getattr(module, "SIGNALS", False)),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    module.arguments(ap)
+    return ap
+
+
+def run_command(name: str, argv: list[str] | None = None, prog: str | None = None) -> int:
+    """Run command ``name`` on ``argv``; its exit code. The one place a refusal or a failure becomes a message
+    (``moe_hydra.<name>: refused: ...`` on stderr) and an exit code.
+
+    Raises:
+        SystemExit: argparse's own exit for ``--help`` (0) or a malformed command line (2), as argparse does.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    prog = prog or f"moe-hydra {name}"
+    module = command(name)
+    if hasattr(module, "main"):  # the run command: Hydra parses its command line
+        return module.main(argv, prog)
+    try:
+        redirect = getattr(module, "redirect", None)
+        if redirect and (target := redirect(argv)):  # a spelling kept for another command (compare --accept)
+            name, argv = target
+            module = command(name)
+        trailing = getattr(module, "TRAILING_WORDS", None)
+        words = None
+        if trailing and "--" in argv:
+            argv, words = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+        args = parser(name, prog).parse_args(argv)
+        if trailing:
+            setattr(args, trailing, words)
+        code = module.run(args)
+    except Refused as e:
+        print(f"moe_hydra.{name}: refused: {e}", file=sys.stderr, flush=True)
+        return EXIT_REFUSED
+    except Failed as e:
+        print(f"moe_hydra.{name}: error: {e}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print(f"moe_hydra.{name}: interrupted", file=sys.stderr, flush=True)
+        return signal_exit("SIGINT")
+    return EXIT_OK if code is None else code
+
+
+def entry(name: str) -> None:
+    """``python -m moe_hydra.<name>``: the command, then its exit code."""
+    sys.exit(run_command(name, sys.argv[1:], prog=f"python -m moe_hydra.{name}"))
+
+
+def overview() -> str:
+    """``moe-hydra --help``: every command with its summary, then the exit codes."""
+    width = max(map(len, COMMANDS))
+    lines = ["usage: moe-hydra [run] [OVERRIDES...] [-m]     (python -m moe_hydra ...)",
+             "       moe-hydra COMMAND [ARGS...]             (python -m moe_hydra.COMMAND ...)", "", "commands:"]
+    lines += [f"  {name:<{width}}  {summary(command(name))}" for name in COMMANDS]
+    lines += ["", "moe-hydra COMMAND --help says more of each; moe-hydra run --help the config groups and keys.",
+              "", exit_code_help({EXIT_OK: "done", EXIT_FAILED: "a job, point or write started and failed",
+                                  EXIT_REFUSED: "bad input, refused before anything started"}, signals=True)]
+    return "\n".join(lines)
+
+
+def cli() -> None:
+    """``moe-hydra`` and ``python -m moe_hydra``: ``COMMAND ARGS...`` runs a command; anything else (overrides,
+    Hydra's flags, nothing) is the run command's."""
+    args = sys.argv[1:]
+    if args and args[0] in ("-h", "--help"):  # the commands, then the run command's config groups and keys
+        print(overview() + "\n\n== The run command (python -m moe_hydra, moe-hydra run) ==\n", flush=True)
+        sys.exit(run_command("run", ["--help"]))
+    if args and args[0] in COMMANDS:
+        sys.exit(run_command(args[0], args[1:], prog=f"moe-hydra {args[0]}"))
+    if args and not args[0].startswith(("-", "+", "~")) and "=" not in args[0]:
+        close = difflib.get_close_matches(args[0], COMMANDS, n=1)
+        hint = f"; did you mean 'moe-hydra {close[0]}'?" if close else ""
+        print(f"moe_hydra: unknown command {args[0]!r}{hint} (moe-hydra --help lists them; an override reads "
+              "key=value)", file=sys.stderr)
+        sys.exit(EXIT_REFUSED)
+    sys.exit(run_command("run", args, prog="python -m moe_hydra"))

@@ -1,4 +1,5 @@
-"""The shape of the package: layers import one way, no module imports itself back, and the configs ship
+"""The shape of the package: layers import one way, no module imports itself back, every command lives in the
+command package with one pattern, exit codes and the bad-input exception are defined once, and the configs ship
 inside the package so a plain (non-editable) install plans from any directory."""
 
 from __future__ import annotations
@@ -23,6 +24,18 @@ ALLOWED = {
     "handoff": {"core", "handoff"},  # Megatron-LM / Bridge commands to and from the resolved plan
     "launch": {"core", "planning", "analysis", "job", "handoff", "launch"},  # launchers start the job
     "app": {"core", "planning", "analysis", "job", "handoff", "launch", "app"},
+}
+# Programs moe_hydra starts itself (their command lines are written by moe_hydra, not by users): not commands
+PROGRAMS = {
+    "moe_hydra.job.rank": "a local rank under a wrapper (nsys): the launcher writes its argv",
+    "moe_hydra.job.fit": "one rank of stage=fit's builds: the fit writes its argv",
+    "moe_hydra.job.warm_server": "the warm-start server the local launcher starts and talks to",
+}
+# Exceptions that are neither bad input nor a failure: each with why
+OTHER_EXCEPTIONS = {
+    "Stopped": "a signal stopped the job after it recorded its steps (exit 128 + n)",
+    "JobStopped": "a signal stopped the local job (exit 128 + n)",
+    "Unmapped": "export's note of a value with no flag, reported beside the command it prints",
 }
 
 
@@ -136,3 +149,157 @@ def test_a_plain_install_plans_from_another_directory(tmp_path):
                          text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert (tmp_path / "plan" / "plan.json").is_file()
+
+
+# ----------------------------------------------------------------------------- one command pattern
+
+
+def _tree(module: str) -> ast.Module:
+    return ast.parse(MODULES[module].read_text())
+
+
+def _main_guard(tree: ast.Module) -> bool:
+    return any(isinstance(n, ast.If) and "__name__" in ast.unparse(n.test) for n in tree.body)
+
+
+def command_problems(modules: dict[str, Path]) -> list[str]:
+    """What breaks the command pattern: a command outside ``moe_hydra.commands`` (a ``__main__`` block or an
+    argparse parser elsewhere, a top-level module that is not the two-line entry of a registered command), a
+    registered command without its module, its ``EXITS`` or its entry."""
+    from moe_hydra.commands import COMMANDS
+
+    out = []
+    for name, path in sorted(modules.items()):
+        tree = ast.parse(path.read_text())
+        parts = name.split(".")
+        if parts[:2] == ["moe_hydra", "commands"] or name in PROGRAMS:
+            continue
+        if len(parts) == 2 and path.name not in ("__init__.py", "__main__.py"):  # a top-level module: an entry
+            body = [n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+            entry = (len(body) == 2 and ast.unparse(body[0]) == "from moe_hydra.commands import entry"
+                     and ast.unparse(body[1]) == f"if __name__ == '__main__':\n    entry({parts[1]!r})")
+            if not entry:
+                out.append(f"{name}: a top-level module is a command's entry (from moe_hydra.commands import entry; "
+                           f"entry({parts[1]!r})) and nothing else; its logic belongs in moe_hydra.commands")
+            elif parts[1] not in COMMANDS:
+                out.append(f"{name}: the entry of {parts[1]!r}, which moe_hydra.commands.COMMANDS does not name")
+            continue
+        if len(parts) > 2 and _main_guard(tree):
+            out.append(f"{name}: a __main__ block outside moe_hydra.commands (a command goes there; a program "
+                       "moe_hydra starts itself is named in PROGRAMS)")
+        if "ArgumentParser" in {getattr(n, "attr", getattr(n, "id", None)) for n in ast.walk(tree)}:
+            out.append(f"{name}: an argument parser outside moe_hydra.commands")
+    for command in COMMANDS:
+        module = f"moe_hydra.commands.{command}"
+        if module not in modules:
+            out.append(f"{command}: registered in COMMANDS, no module {module}")
+            continue
+        names = {t.id for n in ast.parse(modules[module].read_text()).body for t in
+                 (n.targets if isinstance(n, ast.Assign) else []) if isinstance(t, ast.Name)}
+        names |= {n.name for n in ast.parse(modules[module].read_text()).body if isinstance(n, ast.FunctionDef)}
+        if "EXITS" not in names or not ({"arguments", "run"} <= names or "main" in names):
+            out.append(f"{module}: a command defines EXITS and arguments() + run() (or main() for the run command)")
+        if command != "run" and f"moe_hydra.{command}" not in modules:
+            out.append(f"{command}: no entry moe_hydra/{command}.py (python -m moe_hydra.{command})")
+    return out
+
+
+def definition_problems(modules: dict[str, Path]) -> list[str]:
+    """A second definition of an exit code (a module-level ``EXIT_*`` name, or ``sys.exit``/``SystemExit`` of a
+    number other than 0) or of the outcome exceptions (a class named Refused or Failed, or an exception class that
+    derives from neither and is not in OTHER_EXCEPTIONS) outside ``moe_hydra.core.errors``."""
+    out, classes = [], {}
+    for name, path in sorted(modules.items()):
+        if name == "moe_hydra.core.errors":
+            continue
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, ast.AnnAssign) else []
+            for t in targets:
+                for leaf in ast.walk(t):
+                    if isinstance(leaf, ast.Name) and leaf.id.startswith("EXIT_"):
+                        out.append(f"{name}: defines {leaf.id}; exit codes are defined once, in moe_hydra.core.errors")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in ("sys.exit", "SystemExit", "exit") \
+                    and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value not in (0, None):
+                out.append(f"{name}: {ast.unparse(node)}: an exit code written as a number (moe_hydra.core.errors)")
+            if isinstance(node, ast.ClassDef):
+                classes[node.name] = (name, [ast.unparse(b).split(".")[-1] for b in node.bases])
+
+    def derives(cls: str, seen: frozenset = frozenset()) -> str | None:
+        """"outcome" (Refused / Failed), "exception" (another exception), or None (not an exception)."""
+        if cls in ("Refused", "Failed"):
+            return "outcome"
+        if cls in seen or cls not in classes:
+            return "exception" if cls.endswith(("Error", "Exception", "Exit", "Interrupt")) else None
+        kinds = {derives(b, seen | {cls}) for b in classes[cls][1]}
+        return "outcome" if "outcome" in kinds else "exception" if "exception" in kinds else None
+
+    for cls, (module, _) in sorted(classes.items()):
+        if cls in ("Refused", "Failed"):
+            out.append(f"{module}: defines {cls} again; it is moe_hydra.core.errors.{cls}")
+        elif derives(cls) == "exception" and cls not in OTHER_EXCEPTIONS:
+            out.append(f"{module}: {cls} is an exception that is neither Refused (bad input) nor Failed "
+                       "(moe_hydra.core.errors); derive it from one, or say in OTHER_EXCEPTIONS why it is neither")
+    return out
+
+
+def test_every_command_is_a_module_of_the_command_package():
+    problems = command_problems(MODULES)
+    assert not problems, "\n  ".join(problems)
+
+
+def test_exit_codes_and_the_outcome_exceptions_are_defined_once():
+    problems = definition_problems(MODULES)
+    assert not problems, "\n  ".join(problems)
+
+
+def test_the_pattern_checks_catch_a_command_outside_the_package_and_a_second_definition(tmp_path):
+    """The checks themselves: a command written outside the package, an entry with logic, an exit code and a
+    bad-input exception of a module's own are each reported."""
+    def module(name: str, text: str) -> Path:
+        path = tmp_path / f"{name}.py"
+        path.write_text(text)
+        return path
+
+    bad = {
+        "moe_hydra.launch.tool": module("tool", "import argparse\nap = argparse.ArgumentParser()\n"
+                                                "if __name__ == '__main__':\n    ap.parse_args()\n"),
+        "moe_hydra.mine": module("mine", "from moe_hydra.commands import entry\nprint('work')\n"
+                                         "if __name__ == '__main__':\n    entry('mine')\n"),
+        "moe_hydra.analysis.odd": module("odd", "import sys\nEXIT_BAD = 2\nclass BadInput(ValueError):\n    pass\n"
+                                                "class Refused(Exception):\n    pass\n"
+                                                "def f():\n    sys.exit(2)\n"),
+    }
+    found = command_problems({**MODULES, **bad}) + definition_problems({**MODULES, **bad})
+    text = "\n".join(found)
+    assert "moe_hydra.launch.tool: a __main__ block outside moe_hydra.commands" in text
+    assert "moe_hydra.launch.tool: an argument parser outside moe_hydra.commands" in text
+    assert "moe_hydra.mine: a top-level module is a command's entry" in text
+    assert "moe_hydra.analysis.odd: defines EXIT_BAD" in text
+    assert "moe_hydra.analysis.odd: BadInput is an exception that is neither Refused" in text
+    assert "moe_hydra.analysis.odd: defines Refused again" in text
+    assert "moe_hydra.analysis.odd: sys.exit(2): an exit code written as a number" in text
+    assert not command_problems(MODULES) and not definition_problems(MODULES)
+
+
+def test_every_command_answers_help_with_its_exit_codes():
+    """``moe-hydra <command> --help`` exits 0 and lists the command's exit codes; ``moe-hydra --help`` names every
+    command (in-process: argparse's own help)."""
+    import contextlib
+    import io
+
+    from moe_hydra.commands import COMMANDS, command, overview, run_command
+
+    text = overview()
+    for name in COMMANDS:
+        assert f"\n  {name} " in text, name
+        if name == "run":
+            continue
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as e:
+            run_command(name, ["--help"])
+        assert e.value.code == 0, name
+        for code in command(name).EXITS:
+            assert f"\n  {code}  " in out.getvalue(), (name, code)

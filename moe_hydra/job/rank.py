@@ -21,6 +21,8 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from moe_hydra.core.errors import EXIT_OK, EXIT_REFUSED
+
 USAGE = "usage: python -m moe_hydra.job.rank SPEC_FILE"
 
 
@@ -29,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print(USAGE, file=sys.stderr)
-        return 2
+        return EXIT_REFUSED
     spec = pickle.loads(Path(args[0]).read_bytes())
 
     from moe_hydra.job.train import Stopped, worker
@@ -39,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     except Stopped as e:
         print(f"moe_hydra: rank {os.environ.get('RANK', '0')} {e}", file=sys.stderr, flush=True)
         return e.code
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

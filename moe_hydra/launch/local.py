@@ -25,6 +25,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from moe_hydra.core.errors import Failed
 from moe_hydra.core.resolved import Implementation, Resolved
 from moe_hydra.core.violations import V, Violation
 
@@ -158,7 +159,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class JobFailed(RuntimeError):
+class JobFailed(Failed):
     """A rank of the job failed; ``rank``, ``error`` and ``logs`` say which, what and where."""
 
     def __init__(self, rank: int | None, error: str, logs: Path):

@@ -48,6 +48,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLaunche
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from moe_hydra.core import env
+from moe_hydra.core.errors import signal_exit
 from moe_hydra.core.io import utc_now
 from moe_hydra.core.resolved import resolve
 from moe_hydra.core.schema import Stage, typed
@@ -484,7 +485,7 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
         except KeyboardInterrupt:
             print("\nmoe_hydra: stopped waiting; the points go on in Slurm. Follow them with\n  " + "\n  ".join(follow),
                   file=sys.stderr, flush=True)
-            raise SystemExit(130) from None
+            raise SystemExit(signal_exit("SIGINT")) from None
         return [settled.get(p.num, p) for p in points]
 
     @staticmethod

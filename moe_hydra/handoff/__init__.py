@@ -6,7 +6,7 @@ overrides, through one mapping table (docs/handoff.md).
 - :mod:`~moe_hydra.handoff.export`, :mod:`~moe_hydra.handoff.ingest`: the two directions;
 - :mod:`~moe_hydra.handoff.text`: the printed command and how it is read back;
 - :mod:`~moe_hydra.handoff.presets`: the config groups' presets as literal values (matching, leaving out);
-- :mod:`~moe_hydra.handoff.sweep`: the layout search's exported top layouts.
+- :mod:`~moe_hydra.handoff.layouts`: the layout search's exported top layouts.
 
 The commands are ``python -m moe_hydra.export`` and ``python -m moe_hydra.ingest``.
 """

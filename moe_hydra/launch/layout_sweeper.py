@@ -335,7 +335,7 @@ def write_sweep(sweep_dir: Path, ranked: list[dict], base: list[str]) -> dict:
     script.write_text(f"#!/usr/bin/env bash\n# The top {len(names)} layouts of this search as one sweep.\n{command}\n")
     mode = script.stat().st_mode
     script.chmod(mode | (mode & 0o444) >> 2)  # executable by whoever may read it (the umask decides who)
-    from moe_hydra.handoff.sweep import write_exports  # the top layouts as Megatron-LM / Megatron-Bridge commands
+    from moe_hydra.handoff.layouts import write_exports  # the top layouts as Megatron-LM / Megatron-Bridge commands
 
     write_exports(sweep_dir, ranked, base)
     return {"script": str(script), "command": command, "experiment_dir": str(mesh_dir), "layouts": names}

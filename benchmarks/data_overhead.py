@@ -36,7 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _run(args: list[str], cwd: str) -> dict:
-    r = subprocess.run([sys.executable, "-m", "moe_hydra", *args], cwd=cwd, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "moe_hydra", *args], cwd=cwd, capture_output=True, text=True,
+                       check=False)
     if r.returncode:
         sys.exit(f"failed: {' '.join(args)}\n{r.stderr[-3000:]}")
     run_dir = next(a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir="))
@@ -45,7 +46,6 @@ def _run(args: list[str], cwd: str) -> dict:
 
 def _batch_ms(prefix: str, cache: str, draws: int = 500) -> dict[str, float]:
     """Median ms to draw one tiny-model micro-batch (4 x 128 tokens), real against mock."""
-    sys.path.insert(0, str(ROOT))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from moe_hydra.job.data import MegatronData, MockData
@@ -77,7 +77,7 @@ def main() -> None:
         prefix = f"{tmp}/ds/docs"
         docs = [*sorted(str(p) for p in (ROOT / "docs").glob("*.md")), str(ROOT / "README.md")]
         made = subprocess.run([sys.executable, "-m", "moe_hydra.data", "prepare", "--out", prefix, *docs],
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, check=False)
         if made.returncode:
             sys.exit(made.stderr[-3000:])
         print(f"tiny_moe, 1 process, {last} steps, window {first}..{last}, {args.repeats} alternating repeats "

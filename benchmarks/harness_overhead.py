@@ -8,14 +8,15 @@ schedule, the optimizer step, and on a GPU the device sync. It never calls moe_h
 the CPU shims of ``moe_hydra.job.compat`` (Megatron-Core does not run on a CPU build of torch without them) and
 ``moe_hydra.job.built.describe`` to write down what it built.
 
-Same work, checked, not assumed: both sides write ``megatron_configs.json`` (the three configs handed to
-Megatron-Core, every field after ``__post_init__``), and the bare loop also records what the configs do not hold
-(the ``GPTModel`` arguments, batch, steps and window, data kind and seeds, no profiler, threads, backend, and
-facts read from the built model: parameters per rank, classes of the dispatcher, experts and optimizer). :func:`diff` compares them field by field, and then
-:func:`loss_diff` the loss of every step (the same model, data and steps give the same losses: bit for bit on
-the CPU, :data:`LOSS_RTOL`). When anything differs the benchmark prints the differences and exits 1 without
-printing a ratio. No field is skipped silently: :data:`IGNORED_FIELDS` lists what is not compared (with why),
-:data:`NORMALIZED` what is rewritten before comparing.
+Same work, checked, not assumed (:mod:`moe_hydra.analysis.same_work` decides it): both sides write
+``megatron_configs.json`` (the three configs handed to Megatron-Core, every field after ``__post_init__``), and the
+bare loop records in ``work.json`` the run facts the configs do not hold (the ``GPTModel`` arguments, batch, steps
+and window, data kind and seeds, no profiler, threads, backend, and facts read from the built model: parameters per
+rank, classes of the dispatcher, experts and optimizer), which the job's results.json holds too. Each pair is
+checked as soon as it has run: configs and run facts field by field, then the loss of every step (the same model,
+data and steps give the same losses: bit for bit on the CPU, ``same_work.LOSS_RTOL``). The first pair that differs
+ends the benchmark: it prints the differences and exits 1 without printing a ratio. ``same_work.IGNORED_FIELDS``
+and ``same_work.NORMALIZED`` say what is not compared or is rewritten before comparing, and why.
 
 Both sides start their ranks the same way (torch's elastic launcher, c10d rendezvous on localhost, spawn), with
 the same threads per rank (on the CPU the job's ``train.cpu_threads``; torch's default on a GPU), seeds and layout (EP = the
@@ -40,7 +41,6 @@ import argparse
 import importlib.util
 import json
 import os
-import re
 import socket
 import statistics
 import subprocess
@@ -49,129 +49,12 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+
+from moe_hydra.analysis import same_work
+from moe_hydra.core.errors import Refused
 
 GOAL = (0.98, 1.02)
 SEED = 1234  # the job's `seed` and `data.seed` (schema defaults)
-CONFIG_SECTIONS = ("transformer_config", "ddp_config", "optimizer_config")
-RUN_SECTION = "run"  # what the three configs do not hold (see bare_worker and harness_run_facts)
-BARE_CONFIGS = "megatron_configs.json"  # moe_hydra.job.built.FILE (not imported: it pulls in the job's imports)
-BARE_TIMING = "timing.json"
-
-# Fields not compared, "section.field" -> why. Empty: every field of the three configs and of the run facts
-# must match once NORMALIZED is applied.
-IGNORED_FIELDS: dict[str, str] = {}
-
-# Rewritten on both sides before comparing, (pattern, replacement, why). built.plain writes a value it cannot name
-# (the init functions are functools.partial objects) with str(), which embeds the process's memory address:
-# "functools.partial(<function normal_ at 0x7f3b...>, mean=0.0, std=0.02)". The address differs between any two
-# processes; the function's name and its arguments (mean, std) are still compared.
-NORMALIZED: tuple[tuple[str, str, str], ...] = (
-    (r" at 0x[0-9a-fA-F]+", " at 0x...", "memory addresses in the str() of functions and partials"),
-)
-
-
-# The loss of every step, moe_hydra's against the bare loop's: the same model, data and steps give the same losses.
-# The CPU runs are deterministic (same ops, threads, reduction order): bit for bit. GPU kernels may reduce in a
-# different order from run to run (atomics), and top-k routing amplifies that over the steps: 1 % relative.
-LOSS_RTOL = {"cpu": 0.0, "gpu": 1e-2}
-
-# ---------------------------------------------------------------------------------------------------- the diff
-
-
-def _normalize(value: Any) -> Any:
-    if isinstance(value, str):
-        for pattern, replacement, _ in NORMALIZED:
-            value = re.sub(pattern, replacement, value)
-        return value
-    if isinstance(value, list):
-        return [_normalize(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _normalize(v) for k, v in value.items()}
-    return value
-
-
-class _Missing:
-    """A field one side does not have (not the same as a field whose value is None)."""
-
-    def __repr__(self) -> str:
-        return "<missing>"
-
-
-_MISSING = _Missing()
-
-
-def diff(ours: dict[str, Any], bare: dict[str, Any], ignored: dict[str, str] | None = None) -> list[str]:
-    """Every difference between two descriptions of what was built, one line each (empty: the same work).
-
-    ``ours``, ``bare``: ``{section: {field: value}}`` (``megatron_configs.json``'s sections, plus ``run``). A
-    section or field present on one side only is a difference; ``ignored`` (default :data:`IGNORED_FIELDS`)
-    names ``section.field`` keys that are not compared.
-    """
-    ignored = IGNORED_FIELDS if ignored is None else ignored
-    out = []
-    for section in sorted(set(ours) | set(bare)):
-        a, b = ours.get(section), bare.get(section)
-        if not isinstance(a, dict) or not isinstance(b, dict):
-            if _normalize(a) != _normalize(b):
-                out.append(f"{section}: moe_hydra {_short(_MISSING if a is None else a)} != bare "
-                           f"{_short(_MISSING if b is None else b)}")
-            continue
-        for name in sorted(set(a) | set(b)):
-            key = f"{section}.{name}"
-            if key in ignored:
-                continue
-            va, vb = _normalize(a.get(name, _MISSING)), _normalize(b.get(name, _MISSING))
-            if va != vb:
-                out.append(f"{key}: moe_hydra {_short(va)} != bare {_short(vb)}")
-    return out
-
-
-def loss_diff(ours: list[float], bare: list[float], rtol: float) -> list[str]:
-    """The steps whose losses differ by more than ``rtol`` (relative), one line each, at most 5 and a count."""
-    if len(ours) != len(bare):
-        return [f"loss: moe_hydra {len(ours)} steps != bare {len(bare)} steps"]
-    bad = [(step, a, b) for step, (a, b) in enumerate(zip(ours, bare), 1)
-           if not (a == b or abs(a - b) <= rtol * max(abs(a), abs(b)))]  # NaN differs from everything
-    lines = [f"loss at step {step}: moe_hydra {a!r} != bare {b!r}" for step, a, b in bad[:5]]
-    if len(bad) > 5:
-        lines.append(f"... and {len(bad) - 5} more step(s)")
-    return lines
-
-
-def _short(value: Any, limit: int = 160) -> str:
-    text = repr(value) if value is _MISSING else json.dumps(value)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def harness_run_facts(results: dict[str, Any]) -> dict[str, Any]:
-    """The job's ``run`` facts (those :func:`bare_worker` records), read from its results.json (plan + evidence)."""
-    c, b, e = results["contract"], results["batch"], results["evidence"]
-    m = c["model"]
-    divisor = m["make_vocab_size_divisible_by"] * results["parallel"]["tensor_model_parallel_size"]
-    return {
-        "world_size": results["world_size"],
-        "data_parallel_size": results["parallel"]["data_parallel_size"],
-        "vocab_size": -(-m["vocab_size"] // divisor) * divisor,
-        "max_sequence_length": c["train"]["seq_length"],
-        "share_embeddings_and_output_weights": not m["untie_embeddings_and_output_weights"],
-        "position_embedding_type": m["position_embedding_type"],
-        "rotary_base": m["rotary_base"],
-        "seq_length": results["seq_length"],
-        "micro_batch_size": b["micro_batch_size"],
-        "global_batch_size": b["global_batch_size"],
-        "micro_batches_per_step": b["micro_batches_per_step"],
-        "train_iters": results["train_iters"],
-        "window": results["window"],
-        "profile_steps": results["profile_steps"],
-        "seed": c["seed"],
-        "data_kind": c["data"]["kind"],
-        "data_seed": c["data"]["seed"],
-        "layout_invariant_init": c["train"]["layout_invariant_init"],
-        "params_per_rank": results["params_per_rank"],
-        **{k: e[k] for k in ("layer_spec", "backend", "torch_threads", "dispatcher_class", "experts_class",
-                             "local_experts_per_rank", "param_dtype", "optimizer_class", "ddp_class", "model_chunks")},
-    }
 
 
 # ---------------------------------------------------------------------------------------------------- bare loop
@@ -361,10 +244,10 @@ def bare_worker(steps: int, first: int, out_dir: str) -> None:
         "model_chunks": 1,
     }
     if rank == 0:
-        Path(out_dir, BARE_CONFIGS).write_text(json.dumps(built.describe(cfg, ddp_cfg, opt_cfg), indent=1))
-        Path(out_dir, BARE_TIMING).write_text(json.dumps({
+        Path(out_dir, same_work.CONFIGS_FILE).write_text(json.dumps(built.describe(cfg, ddp_cfg, opt_cfg), indent=1))
+        Path(out_dir, same_work.LOOP_FILE).write_text(json.dumps({
             "step_time_ms": statistics.fmean(times[first - 1:]), "window_loop_ms_per_step": loop_ms,
-            "step_times_ms": times, "loss_per_step": loss.tolist(), RUN_SECTION: run}, indent=1))
+            "step_times_ms": times, "loss_per_step": loss.tolist(), same_work.RUN_SECTION: run}, indent=1))
     dist.barrier()
     ps.destroy_model_parallel()
     dist.destroy_process_group()
@@ -438,45 +321,39 @@ def main() -> None:
         return launch_bare(args.procs, args.steps, args.first, args.bare_launch)
     on_gpu = _cuda_available()
     hardware = args.hardware if on_gpu else "local_cpu"
-    ours, bare, loads = [], [], []
+    loads = []  # the 1-minute load average after each pair
     with tempfile.TemporaryDirectory() as tmp:
-        for i in range(args.repeats):
+
+        def ours(i: int) -> same_work.Work:
             run_dir = f"{tmp}/ours{i}"
             _run([sys.executable, "-m", "moe_hydra", f"hydra.run.dir={run_dir}", *_job_overrides(args, on_gpu)], tmp)
-            results = json.loads(Path(run_dir, "results.json").read_text())
-            out = f"{tmp}/bare{i}"
-            Path(out).mkdir()
-            _run([sys.executable, os.path.abspath(__file__), "--bare-launch", out, f"--procs={args.procs}",
+            return same_work.read_job(Path(run_dir))
+
+        def bare(i: int) -> same_work.Work:
+            out = Path(tmp, f"bare{i}")
+            out.mkdir()
+            _run([sys.executable, os.path.abspath(__file__), "--bare-launch", str(out), f"--procs={args.procs}",
                   f"--steps={args.steps}", f"--first={args.first}"], tmp)
-            timing = json.loads(Path(out, BARE_TIMING).read_text())
-            ours_built = {**json.loads(Path(run_dir, BARE_CONFIGS).read_text()),
-                          RUN_SECTION: harness_run_facts(results)}
-            bare_built = {**json.loads(Path(out, BARE_CONFIGS).read_text()), RUN_SECTION: timing[RUN_SECTION]}
-            differences = diff(ours_built, bare_built)
-            if not differences:  # the same build: then the same steps give the same losses
-                differences = loss_diff(results["loss"]["per_step"], timing["loss_per_step"],
-                                        LOSS_RTOL["gpu" if on_gpu else "cpu"])
-            if differences:  # refused on the first pair that differs, before the other repeats are spent
-                print(f"moe_hydra and the bare loop did not do the same work ({len(differences)} difference(s)); "
-                      "no ratio:", file=sys.stderr)
-                for line in differences:
-                    print(f"  {line}", file=sys.stderr)
-                sys.exit(1)
-            ours.append(results)
-            bare.append(timing)
             loads.append(os.getloadavg()[0])
+            return same_work.read_loop(out, "bare")
+
+        try:
+            pairs = same_work.alternate(args.repeats, ours, bare, same_work.LOSS_RTOL["gpu" if on_gpu else "cpu"])
+        except Refused as e:  # a program left no readable record of its work
+            sys.exit(str(e))
+    if not pairs.same:  # refused on the first pair that differs, before the other repeats are spent
+        sys.exit(pairs.refusal)
     print(f"tiny_moe on {hardware}, {args.procs} process(es), EP{args.procs}, steps {args.first}..{args.steps} of "
           f"{args.steps}, {args.repeats} alternating repeats (median); the same configs "
-          f"({', '.join(CONFIG_SECTIONS)}, {RUN_SECTION}) and losses")
+          f"({', '.join(same_work.CONFIG_SECTIONS)}, {same_work.RUN_SECTION}) and losses")
     for key, label in (("step_time_ms", "timed step"), ("window_loop_ms_per_step", "whole loop per step")):
-        o, b = statistics.median(r[key] for r in ours), statistics.median(r[key] for r in bare)
-        print(f"{label:20s}  moe_hydra {o:7.1f} ms   bare Megatron-Core loop {b:7.1f} ms   ratio {o / b:.3f}"
-              f"  (goal {GOAL[0]:.2f}..{GOAL[1]:.2f})")
+        r = pairs.ratio(key)
+        print(f"{label:20s}  moe_hydra {r.a_median:7.1f} ms   bare Megatron-Core loop {r.b_median:7.1f} ms   "
+              f"ratio {r.ratio:.3f}  (goal {GOAL[0]:.2f}..{GOAL[1]:.2f})")
         # the machine's load drifts between pairs more than within one: each pair's ratio is shown too
-        pairs = [r[key] / q[key] for r, q in zip(ours, bare)]
-        print(f"{'':20s}  per repeat: moe_hydra {' '.join(f'{r[key]:.1f}' for r in ours)}   "
-              f"bare {' '.join(f'{r[key]:.1f}' for r in bare)}   pair ratios {' '.join(f'{x:.3f}' for x in pairs)}"
-              f" (median {statistics.median(pairs):.3f})")
+        print(f"{'':20s}  per repeat: moe_hydra {' '.join(f'{x:.1f}' for x in r.a_ms)}   "
+              f"bare {' '.join(f'{x:.1f}' for x in r.b_ms)}   pair ratios {' '.join(f'{x:.3f}' for x in r.pair_ratios)}"
+              f" (median {statistics.median(r.pair_ratios):.3f})")
     # Both programs keep the cores busy (the CPU: a thread per core, one left over); a 1-minute load average well
     # above the cores means other work shared them during the runs, which moves a run's mean by far more than 2 %.
     cores = os.cpu_count() or 1

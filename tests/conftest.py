@@ -61,3 +61,12 @@ def pytest_collection_modifyitems(config, items):
         return LONGEST_FILES.index(name) if name in LONGEST_FILES else len(LONGEST_FILES) + (name not in slow)
 
     items.sort(key=rank)
+
+
+def pytest_runtest_logreport(report):
+    """``MOE_HYDRA_TEST_DURATIONS=FILE``: each test phase's seconds appended as "<file> <seconds>" (by the process
+    that reports, not by xdist's workers), for .ci/run's slowest files."""
+    path = os.environ.get("MOE_HYDRA_TEST_DURATIONS")
+    if path and not os.environ.get("PYTEST_XDIST_WORKER"):
+        with open(path, "a") as f:
+            f.write(f"{report.nodeid.split('::')[0]} {report.duration:.3f}\n")

@@ -303,3 +303,26 @@ def test_every_command_answers_help_with_its_exit_codes():
         assert e.value.code == 0, name
         for code in command(name).EXITS:
             assert f"\n  {code}  " in out.getvalue(), (name, code)
+
+
+def test_no_test_imports_a_benchmark_and_no_benchmark_a_test():
+    """What both need lives in the package (moe_hydra.testing, moe_hydra.launch.compose, the analysis): a test that
+    imports a benchmark (or loads one by its path), or a benchmark that imports a test or puts tests/ on the path,
+    is reported. Running a benchmark as a program (its --help, in a subprocess) is not importing it."""
+    def reaches(path: Path, other: str) -> list[str]:
+        found = []
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if \
+                isinstance(node, ast.ImportFrom) else []
+            found += [n for n in names if n.split(".")[0] in ({other, "conftest"} if other == "tests" else {other})]
+            if isinstance(node, (ast.Call, ast.Assign, ast.AugAssign)):
+                code = ast.unparse(node)
+                if code.startswith(("sys.path", "importlib.util.spec_from_file_location")) and other in code:
+                    found.append(code)
+        return found
+
+    wrong = [f"{f.relative_to(ROOT)} reaches {what}" for f in sorted((ROOT / "tests").glob("*.py"))
+             for what in reaches(f, "benchmarks")]
+    wrong += [f"{f.relative_to(ROOT)} reaches {what}" for f in sorted((ROOT / "benchmarks").glob("*.py"))
+              for what in reaches(f, "tests")]
+    assert not wrong, "\n  ".join(wrong)

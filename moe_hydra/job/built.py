@@ -3,7 +3,7 @@
 What the job handed Megatron-Core — its ``TransformerConfig`` (or ``MLATransformerConfig``),
 ``DistributedDataParallelConfig`` and ``OptimizerConfig`` — field by field, after their ``__post_init__``
 filled the derived fields. A run can then be rebuilt or diffed against another program that builds the same
-model (``benchmarks/harness_overhead.py`` refuses to compare loops whose configs differ).
+model (:mod:`moe_hydra.analysis.same_work` refuses to compare runs whose configs differ).
 
 Values that are not JSON (dtypes, functions, process groups) are written as their names.
 """

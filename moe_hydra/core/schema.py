@@ -31,6 +31,8 @@ from typing import Any, Dict, Iterator, List, Optional
 
 from omegaconf import II, MISSING
 
+from moe_hydra.core import step_model_fit
+
 # The configs: conf/ at the top of the repository, installed as this package (pyproject.toml maps it).
 CONF_PACKAGE = "moe_hydra.conf"
 # A cluster's own settings: <dir>/site/default.yaml joins the search path (hydra_plugins.moe_hydra_site).
@@ -495,51 +497,53 @@ class StepModelConfig:
     """The sustained fractions of the hardware's peaks the layout search's step-time model uses
     (moe_hydra.planning.step_model). Fitted to the measured runs of benchmarks/data/measured_runs.yaml, each
     source weighing the same, the hardware rates held near kernel and NCCL benchmarks' figures where the runs do
-    not pin them (benchmarks/step_model_calibration.py --fit, PRIOR; the fitted ones below), judged on the sources
-    left out of the fit; refit them to your cluster's screening runs."""
+    not pin them (moe_hydra.planning.calibration: FREE, PRIOR; the fitted ones below), judged on the sources
+    left out of the fit; refit them to your cluster's screening runs. The defaults are read from
+    moe_hydra/core/step_model_fit.json (its ``fitted`` and ``priors``), which
+    ``benchmarks/step_model_calibration.py --fit --write`` writes; they are written nowhere else."""
 
     # Fitted: dense GEMMs (attention projections, dense/shared MLPs, logits) in bf16, fraction of the best-shape
     # matmul rate (hardware.matmul_tflops_bf16; 0.8 of the peak where it is not declared);
-    gemm_efficiency: float = 0.797
+    gemm_efficiency: float = step_model_fit.default("gemm_efficiency")
     # core (flash) attention, forward + backward, fraction of the bf16 peak;
-    attention_efficiency: float = 0.549
+    attention_efficiency: float = step_model_fit.default("attention_efficiency")
     # collectives and the all-to-all over the scale-out NIC, fraction of its bandwidth;
-    scaleout_efficiency: float = 0.774
+    scaleout_efficiency: float = step_model_fit.default("scaleout_efficiency")
     # rows per expert GEMM at which grouped expert GEMMs run at half the dense GEMM rate;
-    expert_rows_half: float = 1738.0
+    expert_rows_half: float = step_model_fit.default("expert_rows_half")
     # collectives and the all-to-all inside the NVLink domain, fraction of half the bidirectional bandwidth;
-    nvlink_efficiency: float = 0.747
+    nvlink_efficiency: float = step_model_fit.default("nvlink_efficiency")
     # host time per MoE layer per micro-batch, forward + backward (launches, the dispatcher's syncs);
-    host_ms_per_moe_layer: float = 11.9
+    host_ms_per_moe_layer: float = step_model_fit.default("host_ms_per_moe_layer")
     # the fraction of the all-to-all that EP overlap hides under another micro-batch's compute;
-    ep_overlap_efficiency: float = 0.800
+    ep_overlap_efficiency: float = step_model_fit.default("ep_overlap_efficiency")
     # GEMMs in FP8 / MXFP8 / NVFP4: fraction of that precision's best-shape matmul rate (hardware.matmul_tflops_fp8;
     # FP4 at its fraction of the peak), quantisation kernels included;
-    low_precision_gemm_efficiency: float = 0.642
+    low_precision_gemm_efficiency: float = step_model_fit.default("low_precision_gemm_efficiency")
     # host time CUDA graphs of a partial scope leave (kernels.cuda_graph_scope; a whole-iteration graph
     # leaves none), fraction of the above;
-    cuda_graph_host_fraction: float = 0.701
+    cuda_graph_host_fraction: float = step_model_fit.default("cuda_graph_host_fraction")
     # GPU time per MoE layer per micro-batch, forward + backward, in its small kernels (router, top-k,
     # permutation indices and counts) that run at no GEMM or bandwidth rate;
-    gpu_ms_per_moe_layer: float = 2.88
+    gpu_ms_per_moe_layer: float = step_model_fit.default("gpu_ms_per_moe_layer")
     # unfused core attention (no Transformer Engine, or attention_backend unfused / local): HBM bytes each score of
     # the full matrix moves through the kernels between its two GEMMs, forward + backward (prior 30: the scores
     # written, scaled, masked and softmaxed, dropped out with a 1-byte mask, read by the second GEMM; the same
     # backward); vTrain's A100 runs and the H200 slice.
-    unfused_attention_bytes_per_score: float = 30.5
+    unfused_attention_bytes_per_score: float = step_model_fit.default("unfused_attention_bytes_per_score")
     # ms per model chunk and micro-batch at a pipeline stage boundary that overlap does not hide (the send /
     # receive pair posted and waited for, forward + backward; the runs barely pin it: within 0-1 ms it has moved
     # from 0.0105 to 0.0704 to 0.0029 as other terms changed, at about the same error);
-    pipeline_ms_per_chunk: float = 0.0029
+    pipeline_ms_per_chunk: float = step_model_fit.default("pipeline_ms_per_chunk")
     # Priors (the dataset does not decide them): a dense layer launches about a quarter of a MoE layer's
     # kernels and has no dispatcher sync;
-    host_ms_per_dense_layer: float = 2.5
+    host_ms_per_dense_layer: float = step_model_fit.default("host_ms_per_dense_layer")
     # sequential experts (no grouped GEMM): host time per local expert per MoE layer per micro-batch,
     # forward + backward (one H200 without TE: ~0.4 s per micro-batch for 128 experts x 4 layers).
-    host_ms_per_local_expert: float = 0.78
+    host_ms_per_local_expert: float = step_model_fit.default("host_ms_per_local_expert")
     # the kernels between the GEMMs (norms, residual adds, RoPE, activations, MoE permutation): fraction of
     # the HBM bandwidth such streaming kernels sustain (about STREAM's on these GPUs).
-    hbm_efficiency: float = 0.8
+    hbm_efficiency: float = step_model_fit.default("hbm_efficiency")
 
 
 @dataclass(kw_only=True, slots=True)

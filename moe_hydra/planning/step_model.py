@@ -63,11 +63,14 @@ bytes ((n-1)/n of that), g the group's ranks per node and n its nodes. Hardware 
 nominal ones (1 TFLOP/s, 10 GB/s, 0.01 TB/s), so a ranking still exists.
 
 **Calibration and its error.** The fractions are fitted to the measured runs of
-benchmarks/data/measured_runs.yaml (:data:`CALIBRATION`), the hardware rates (GEMM, attention, NVLink, NIC) held
-near what kernel and NCCL benchmarks measure where the runs do not pin them; :data:`HELD_OUT` is how well they
-predict rows they were not fitted to (leave one source out), and every prediction carries that range
-(:func:`interval`); layouts whose predicted times differ by less than the held-out ranking error are ties
-(:func:`tie_width`). The model leaves out routing imbalance, network contention, kernel-level details and
+benchmarks/data/measured_runs.yaml (:data:`CALIBRATION`, :mod:`moe_hydra.planning.calibration`), the hardware rates
+(GEMM, attention, NVLink, NIC) held near what kernel and NCCL benchmarks measure where the runs do not pin them;
+:data:`HELD_OUT` is how well they predict rows they were not fitted to (leave one source out), and every prediction
+carries that range (:func:`interval`); layouts whose predicted times differ by less than the held-out ranking error
+are ties (:func:`tie_width`). Both, and ``step_model.*``'s defaults, are read from one file,
+``moe_hydra/core/step_model_fit.json`` (:mod:`moe_hydra.core.step_model_fit`), which the calibration writes with
+the fingerprint of this module among others: a change here that the file was not refitted for fails
+tests/test_calibration.py. The model leaves out routing imbalance, network contention, kernel-level details and
 release-to-release software gains: treat it as a ranking aid for choosing what to screen, and refit
 ``step_model.*`` on your cluster's runs.
 
@@ -79,7 +82,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from moe_hydra.core import flops, metrics
+from moe_hydra.core import flops, metrics, step_model_fit
 from moe_hydra.core.arch import Arch
 from moe_hydra.core.layout import Layout
 from moe_hydra.core.resolved import Resolved
@@ -89,22 +92,16 @@ NOMINAL_TFLOPS, NOMINAL_GB_S = 1.0, 10.0
 TERMS = ("compute", "ep", "etp", "tp", "cp", "host", "dp", "bubble", "p2p")
 
 
-CALIBRATION = ("sustained fractions fitted (benchmarks/step_model_calibration.py --fit, each source weighing the same, "
-               "the hardware rates held near kernel and NCCL benchmarks' figures) "
-               "to 191 measured runs of benchmarks/data/measured_runs.yaml: Megatron-Bridge performance summaries "
-               "25.11-26.08, Megatron-MoE-ModelZoo Qwen3 (MoE; H100, B200, B300, GB200, GB300; BF16, FP8, MXFP8), "
-               "vTrain's dense GPT runs on A100, one H200")
 # How the model predicts runs it was not fitted to: |ln(predicted / measured)| of each dataset row predicted by the
 # fractions fitted on the other sources (leave one source out), over all rows, the MoE and the dense ones, and of the
 # ratio of two rows of one model, cluster and source (what choosing between layouts needs), over all pairs and each
-# kind's. benchmarks/step_model_calibration.py prints them; tests/test_calibration.py recomputes them.
-HELD_OUT = {"scheme": "leave one source out", "sources": 8, "rows": 191,
-            "median": 0.108, "p90": 0.327, "worst": 0.915,
-            "moe": {"rows": 82, "median": 0.141, "p90": 0.355, "worst": 0.915,
-                    "ranking_pairs": 33, "ranking_median": 0.123, "ranking_p90": 0.269},
-            "dense": {"rows": 109, "median": 0.094, "p90": 0.182, "worst": 0.641,
-                      "ranking_pairs": 1721, "ranking_median": 0.076, "ranking_p90": 0.346},
-            "ranking_pairs": 1754, "ranking_median": 0.077, "ranking_p90": 0.346}
+# kind's. Recorded in moe_hydra/core/step_model_fit.json by benchmarks/step_model_calibration.py --fit --write.
+HELD_OUT = step_model_fit.held_out()
+CALIBRATION = ("sustained fractions fitted (benchmarks/step_model_calibration.py --fit, each source weighing the same, "
+               "the hardware rates held near kernel and NCCL benchmarks' figures) "
+               f"to {HELD_OUT['rows']} measured runs of benchmarks/data/measured_runs.yaml: Megatron-Bridge "
+               "performance summaries 25.11-26.08, Megatron-MoE-ModelZoo Qwen3 (MoE; H100, B200, B300, GB200, GB300; "
+               "BF16, FP8, MXFP8), vTrain's dense GPT runs on A100, one H200")
 
 
 def interval(seconds: float, kind: str) -> list[float]:

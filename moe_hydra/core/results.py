@@ -36,6 +36,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from moe_hydra.core.startup import STARTS
+
 RESULTS_VERSION = 1  # what the job writes; files without the key are version 0
 OK, FAILED, INTERRUPTED, TERMINATED = "ok", "failed", "interrupted", "terminated"
 STATUSES = (OK, FAILED, INTERRUPTED, TERMINATED)
@@ -198,6 +200,9 @@ FIELDS: dict[str, tuple[Check, str]] = {
     "evidence": (mapping(null=True), "what was built"),
     "peak_memory_gib": (mapping(null=True, values=METRIC), "allocated, reserved or rss, GiB"),
     "attempts": (items(mapping()), "launcher=slurm: every start of the point (attempts.json), the last one this run"),
+    "startup": (mapping(null=True), "seconds from the command's start to step 1 on rank 0, and how the ranks started"),
+    "startup.seconds": (number(0, null=False), "the start-up, s"),
+    "startup.start": (text(choices=STARTS), "how the ranks started (moe_hydra.core.startup)"),
     "profile": (mapping(null=True), "profile=window: the slowest rank's walls (profile.json has the rest)"),
     "profile.steps": (pair(), "the profiled [first, last]"),
     **{f"profile.{k}": (number(0, null=False), "ms summed over the profiled steps") for k in (

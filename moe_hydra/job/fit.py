@@ -1,6 +1,7 @@
 """``stage=fit``: build ranks of the target layout with Megatron-Core itself, on this machine.
 
-Each chosen rank is one process (``python -m moe_hydra.job.fit SPEC RESULT``) that joins torch's
+Each chosen rank is one process (``python -m moe_hydra.job.fit SPEC RANK RESULT``, or the same :func:`main` in
+a process forked from the warm server: :mod:`moe_hydra.job.warm`, ``launcher.warm``) that joins torch's
 ``fake`` process group (a ``FakeStore``, every collective a no-op) at the target world size, runs
 ``initialize_model_parallel`` for both meshes and builds that rank's ``GPTModel`` chunks on the meta
 device: shapes and parameters without memory, so a rank of a 1024-GPU DeepSeek-V3 builds on a
@@ -13,7 +14,8 @@ Ranks built: the first rank of the first and of the last pipeline stage, and of 
 estimate finds most loaded.
 
 ``fit.json``: ``ranks`` (per built rank: rank, pp_rank, built and estimated params, agree, seconds,
-peak_rss_gib, chunks, refused), ``agree``, ``layer_spec`` (built), ``notes``.
+peak_rss_gib, chunks, refused), ``agree``, ``layer_spec`` (built), ``notes``. ``seconds`` runs from the rank's
+first import of torch (a warm-started rank has it already) to the end of its build.
 
 The parent side (:func:`run`) is pure Python; torch and megatron load only in the rank processes.
 """
@@ -22,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -33,6 +34,7 @@ from typing import Any
 from moe_hydra.core import params
 from moe_hydra.core.io import write_json
 from moe_hydra.core.resolved import Resolved
+from moe_hydra.job import warm, warm_server
 
 
 def ranks_to_build(r: Resolved, most_loaded: int) -> dict[int, int]:
@@ -57,12 +59,12 @@ def run(r: Resolved, config: dict[str, Any], plan: dict[str, Any], out_dir: Path
     pending = list(chosen.items())
     results: list[dict[str, Any]] = []
     parallel = max(1, min(2, os.cpu_count() or 1))
+    start = _Starter(warm.wanted(r.cfg.launcher.warm, gpu=False))
     while pending or procs:
         while pending and len(procs) < parallel:
             pp_rank, rank = pending.pop(0)
             out, log = work / f"rank{rank}.json", open(work / f"rank{rank}.log", "w")
-            cmd = [sys.executable, "-m", "moe_hydra.job.fit", str(work / "spec.json"), str(rank), str(out)]
-            procs[rank] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), out, log)
+            procs[rank] = (start([str(work / "spec.json"), str(rank), str(out)], log), out, log)
         for rank, (proc, out, log) in list(procs.items()):
             if proc.poll() is None:
                 continue
@@ -89,6 +91,24 @@ def run(r: Resolved, config: dict[str, Any], plan: dict[str, Any], out_dir: Path
     }
     write_json(report, out_dir / "fit.json")
     return report
+
+
+class _Starter:
+    """Starts one build: ``python -m moe_hydra.job.fit SPEC RANK OUT``, its output in ``log``; forked from the
+    warm server (:mod:`moe_hydra.job.warm`) when ``warm_start``, whose process runs the same :func:`main`."""
+
+    def __init__(self, warm_start: bool):
+        self.warm = warm_start
+
+    def __call__(self, argv: list[str], log) -> Any:
+        if self.warm:
+            try:
+                return warm.submit(lambda how: (__name__, "main", (argv,), {}), stdio=(0, log.fileno(), log.fileno()),
+                                   program=True)
+            except warm.Unavailable as e:
+                print(f"moe_hydra: starting the fit's builds cold: {e}", file=sys.stderr, flush=True)
+                self.warm = False
+        return subprocess.Popen([sys.executable, "-m", __name__, *argv], stdout=log, stderr=subprocess.STDOUT)
 
 
 def _compare(r: Resolved, results: list[dict[str, Any]], te_spec: bool) -> None:
@@ -156,6 +176,7 @@ def _build_rank(spec: dict[str, Any], rank: int) -> dict[str, Any]:
 
     from moe_hydra.job.train import Job
 
+    warm_server.replay_warnings()  # forked from a warm server: the warnings its imports gave there, in this log
     # the local layer spec, on the meta device (no GPU in this process)
     impl = Implementation.of(cfg, gpu=False, te=False, grouped_gemm=False, apex=False,
                              source="stage=fit: the local spec on the meta device")
@@ -193,7 +214,7 @@ def _build_rank(spec: dict[str, Any], rank: int) -> dict[str, Any]:
                 dense += p.numel()
     out.update(built={"dense": dense, "expert": expert, "total": dense + expert}, chunks=len(chunks),
                seconds=time.perf_counter() - t0,
-               peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)  # KiB on Linux
+               peak_rss_gib=warm_server.peak_rss_kib() / 2**20)  # KiB on Linux
     return out
 
 

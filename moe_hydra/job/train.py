@@ -1,7 +1,7 @@
 """The job: build the composed MoE with Megatron-Core, train it, and measure it.
 
-Every rank runs :func:`worker` (the local launcher spawns them; on Slurm each task is one). The
-job is the one place that imports torch and megatron. Rank 0 alone writes ``results.json``.
+Every rank runs :func:`worker` (the local launcher spawns them, or forks them from a warm server; on Slurm each
+task is one). The job is the one place that imports torch and megatron. Rank 0 alone writes ``results.json``.
 
 Per step: all ranks meet at a barrier, then the step (forward/backward through Megatron's
 pipeline schedule, the optimizer step) is timed on each rank — monotonic clock on the CPU, CUDA
@@ -26,6 +26,8 @@ with the conventional code, 128 + the signal's number. A failure writes ``status
     is allocated after the first step)
     loss                   first, last, per_step, all_finite, nan_or_skipped
     evidence               facts read from the built model and optimizer, not from the config
+    startup                seconds from the command's start to step 1 on rank 0, and how the ranks started
+                           (moe_hydra.core.startup)
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import resource
 import signal
 import time
 import traceback
@@ -41,11 +42,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from moe_hydra.core import metrics
+from moe_hydra.core import metrics, startup
 from moe_hydra.core import results as results_schema
 from moe_hydra.core.io import write_json
 from moe_hydra.core.resolved import Resolved
 from moe_hydra.core.versions import mcore_facts
+from moe_hydra.job import warm_server
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 STOP_SIGNALS = tuple(signal.Signals[name] for name in results_schema.SIGNALS)
@@ -108,10 +110,12 @@ def worker(spec: dict[str, Any]) -> dict[str, Any] | None:
     out_dir = Path(spec["out_dir"])
     rank = int(os.environ.get("RANK", "0"))
     _warnings_to_file(out_dir / "ranks" / f"warnings.rank{rank}.log")
+    warm_server.replay_warnings()  # a rank forked from a warm server: the warnings its imports gave there
+    origin = spec.get("startup") or startup.origin("in_process", first=True)
     stamp = {"results_version": results_schema.RESULTS_VERSION, "run_id": uuid.uuid4().hex}  # rank 0's is written
     results = None
     with Signals() as signals:
-        job = Job(r, spec["plan"], spec.get("env"), signals, stamp)
+        job = Job(r, spec["plan"], spec.get("env"), signals, stamp, origin)
         try:
             results = job.run(out_dir)
         except BaseException as e:
@@ -206,9 +210,12 @@ class Job:
     process group."""
 
     def __init__(self, r: Resolved, plan: dict[str, Any], env_snapshot: dict[str, Any] | None = None,
-                 signals: Signals | None = None, stamp: dict[str, Any] | None = None):
+                 signals: Signals | None = None, stamp: dict[str, Any] | None = None,
+                 origin: dict[str, Any] | None = None):
         self.r, self.cfg, self.plan, self.env_snapshot = r, r.cfg, plan, env_snapshot
         self.signals, self.stamp = signals, stamp or {}
+        self.origin = origin  # where the start-up is measured from (moe_hydra.core.startup.origin)
+        self.startup: dict[str, Any] | None = None  # results.json startup, set at step 1
         self.stopped_by: str | None = None  # the signal the ranks agreed to stop on (:class:`Signals`)
         self.stopped_at = 0  # ... after this step
 
@@ -437,6 +444,10 @@ class Job:
         first, last = cfg.contract.window
         loop_ms = window_start = 0.0
         for step in range(1, iters + 1):
+            if step == 1 and self.origin is not None:
+                self.startup = startup.record(self.origin, startup.now(self.origin["clock"]))
+                if progress is not None:
+                    progress.log(startup.describe(self.startup))
             if step == first:
                 window_start = time.perf_counter()
             batches = [data.batch(step - 1, dp_rank, mb) for mb in range(data.microbatches)]
@@ -577,6 +588,7 @@ class Job:
             **memory,
             "telemetry": samples,
             "evidence": evidence,
+            "startup": self.startup,
             # profile=window: the profiled steps' walls on the slowest rank (profile.json has every rank's)
             "profile": profiled,
         }
@@ -586,7 +598,7 @@ class Job:
     def _memory_gib(self) -> float | None:
         if self.on_gpu:
             return self.memory_phases.peak[0] / 2**30
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+        return warm_server.peak_rss_kib() / 2**20  # KiB on Linux
 
     def _peak_memory(self) -> dict[str, Any]:
         import torch
@@ -596,8 +608,9 @@ class Job:
             values = self.memory_phases.as_list()
             counter = "torch.cuda.max_memory_allocated / max_memory_reserved, max over ranks"
         else:
-            values = [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, 0]
-            counter = "peak resident set size (getrusage ru_maxrss), max over ranks"
+            values = [warm_server.peak_rss_kib() * 1024, 0]
+            counter = ("peak resident set size (getrusage ru_maxrss; forked from a warm server: with the server's "
+                       "peak while importing), max over ranks")
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         gib = [float(x) / 2**30 for x in t]

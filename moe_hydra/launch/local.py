@@ -6,9 +6,11 @@ are made anywhere): GPUs present, cores enough, DeepEP/HybridEP/Transformer Engi
 config needs them, Nsight Systems when ``profile.tool=nsys``, each refusal a violation with an id (H01..H08).
 Both run before any process starts.
 :func:`launch_local` starts ``world_size`` ranks with torch's elastic launcher (c10d rendezvous on localhost,
-spawn), rank 0's output on the console and the other ranks' output in ``<job dir>/ranks/``. With
-``profile.tool=nsys`` each rank is a program of its own (``python -m moe_hydra.job.rank``) run under
-``nsys profile`` (:func:`nsys_command`), whose capture range is the profiled steps.
+:func:`run_ranks`), rank 0's output on the console and the other ranks' output in ``<job dir>/ranks/``: forked
+from a warm server that has imported torch and Megatron-Core already (:mod:`moe_hydra.job.warm`; on by default
+for CPU jobs, ``launcher.warm``, ``MOE_HYDRA_WARM``), else spawned. With ``profile.tool=nsys`` each rank is a
+program of its own (``python -m moe_hydra.job.rank``) run under ``nsys profile`` (:func:`nsys_command`), whose
+capture range is the profiled steps.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from moe_hydra.core import startup
 from moe_hydra.core.errors import Failed
 from moe_hydra.core.resolved import Implementation, Resolved
 from moe_hydra.core.violations import V, Violation
+from moe_hydra.job import warm
 
 
 def _gpu_count() -> int:
@@ -164,7 +168,8 @@ class JobFailed(Failed):
 
     def __init__(self, rank: int | None, error: str, logs: Path):
         self.rank, self.error, self.logs = rank, error, logs
-        super().__init__(f"the job failed on rank {rank}: {error}\n  per-rank logs: {logs}")
+        where = "" if rank is None else f" on rank {rank}"  # None: no rank's failure is known (a warm start's end)
+        super().__init__(f"the job failed{where}: {error}\n  per-rank logs: {logs}")
 
 
 class JobStopped(RuntimeError):
@@ -176,17 +181,64 @@ class JobStopped(RuntimeError):
 
 
 def launch_local(spec: dict[str, Any], world_size: int, out_dir: Path, *,
-                 wrapper: list[str] | None = None) -> dict[str, Any]:
+                 wrapper: list[str] | None = None, warm_start: bool | None = None) -> dict[str, Any]:
     """Run ``moe_hydra.job.train.worker(spec)`` on ``world_size`` local processes; rank 0's results.
+
+    The ranks start warm where they may (:func:`start_warm`): forked from a warm server that has imported torch
+    and Megatron-Core already (:mod:`moe_hydra.job.warm`), without this process importing torch; else spawned
+    here (:func:`run_ranks`). ``spec["startup"]`` tells rank 0 when this command started and how its ranks did
+    (:mod:`moe_hydra.core.startup`), for ``results.json`` ``startup``.
 
     A signal to this process (SIGINT, SIGTERM, SIGUSR2) reaches the ranks through torch's elastic agent, which
     forwards it before it ends them; the ranks finish their step and record it (:mod:`moe_hydra.job.train`).
+    Warm, this process forwards it to the agent (SIGHUP too), which runs in the warm server's process.
 
     ``wrapper``: an argv prefix each rank runs under; None takes the config's (:func:`rank_wrapper`: ``nsys
     profile ...`` for ``profile.tool=nsys``). With one, each rank is the program ``<wrapper> python -m
-    moe_hydra.job.rank <job dir>/ranks/spec.pkl`` (torch's elastic launcher runs binaries too), and rank 0's
-    results are read back from ``<job dir>/results.json``; without one (the default), ``worker`` runs in
-    the spawned processes and returns them.
+    moe_hydra.job.rank <job dir>/ranks/spec.pkl`` (torch's elastic launcher runs binaries too), started cold,
+    and rank 0's results are read back from ``<job dir>/results.json``; without one (the default), ``worker``
+    runs in the ranks and returns them. ``warm_start``: True or False decides; None asks :func:`start_warm`.
+
+    Raises:
+        JobFailed: a rank failed.
+        JobStopped: a signal stopped the job, here or in a rank.
+    """
+    cfg = spec["resolved"].cfg
+    origin = startup.origin("spawn")
+    if wrapper is None:
+        wrapper = rank_wrapper(cfg, out_dir)
+    if wrapper:
+        return run_ranks({**spec, "startup": {**origin, "start": "program"}}, world_size, out_dir, wrapper=wrapper)
+    if start_warm(cfg) if warm_start is None else warm_start:
+        def call(how: str) -> warm.Call:
+            return (__name__, "run_ranks", ({**spec, "startup": {**origin, "start": how}}, world_size, out_dir),
+                    {"start_method": "fork"})
+
+        try:
+            remote = warm.submit(call)
+        except warm.Unavailable as e:
+            print(f"moe_hydra: starting the ranks cold: {e}", file=sys.stderr, flush=True)
+        else:
+            try:
+                return remote.wait()
+            except (warm.Ended, warm.RemoteError) as e:
+                raise JobFailed(None, str(e), out_dir / "ranks") from None
+    return run_ranks({**spec, "startup": origin}, world_size, out_dir)
+
+
+def start_warm(cfg: Any) -> bool:
+    """Whether a local job's ranks start warm: ``MOE_HYDRA_WARM`` (0 or 1) when set, else ``launcher.warm``, else
+    on for a CPU job on a machine without GPUs (:func:`moe_hydra.job.warm.wanted`). Never under a wrapper (each rank is
+    a program of its own)."""
+    return not uses_nsys(cfg) and warm.wanted(cfg.launcher.warm, gpu=cfg.hardware.arch != "cpu")
+
+
+def run_ranks(spec: dict[str, Any], world_size: int, out_dir: Path, *, wrapper: list[str] | None = None,
+              start_method: str = "spawn") -> dict[str, Any]:
+    """Start the ranks with torch's elastic launcher (c10d rendezvous on localhost) and wait for them: the part
+    of :func:`launch_local` that a cold start runs in the launching process and a warm one in the warm server's
+    process (``start_method="fork"``: the ranks are forked from that already-warm process). Rank 0 writes to this
+    process's stdout and stderr, the others to ``<job dir>/ranks/``.
 
     Raises:
         JobFailed: a rank failed.
@@ -200,8 +252,6 @@ def launch_local(spec: dict[str, Any], world_size: int, out_dir: Path, *,
     from moe_hydra.job.train import worker
 
     logs = out_dir / "ranks"
-    if wrapper is None:
-        wrapper = rank_wrapper(spec["resolved"].cfg, out_dir)
     if wrapper:  # each rank a program of its own, under the wrapper
         logs.mkdir(parents=True, exist_ok=True)
         (out_dir / NSYS_DIR).mkdir(parents=True, exist_ok=True)
@@ -214,7 +264,7 @@ def launch_local(spec: dict[str, Any], world_size: int, out_dir: Path, *,
         entrypoint, args = worker, (spec,)
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=world_size, run_id=uuid.uuid4().hex[:8],
-        rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{_free_port()}", max_restarts=0, start_method="spawn",
+        rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{_free_port()}", max_restarts=0, start_method=start_method,
         # rank 0 writes to this console (progress bar, metric lines); the others to <job dir>/ranks/
         logs_specs=DefaultLogsSpecs(log_dir=str(logs), redirects={r: Std.ALL if r else Std.NONE for r in range(world_size)}),
     )

@@ -11,6 +11,10 @@ import pytest
 
 from moe_hydra.launch.compose import compose_typed
 
+# The tests' CLI runs (both xdist workers) share one warm server (moe_hydra.job.warm); it exits a minute after the
+# session's last run instead of ten.
+os.environ.setdefault("MOE_HYDRA_WARM_IDLE_S", "60")
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -26,21 +26,26 @@ setup: $(STAMP)
 run: setup
 	$(BIN)/python -m moe_hydra $(ARGS)
 
-# Two parts: the tests that neither judge measured step times nor hold the local Slurm cluster's nodes, JOBS at a
-# time (pytest-xdist, a file to a worker, the longest first: tests/conftest.py; most tests keep one core busy); then
-# the `serial` ones, alone. A part that ARGS leaves empty (pytest's exit code 5) is not a failure. Each part prints
-# its time; MOE_HYDRA_TEST_DURATIONS=FILE collects every test's time per file (.ci/run prints the slowest files).
+# Three parts: the tests that neither judge measured step times nor use the local Slurm cluster, JOBS at a time
+# (pytest-xdist, a file to a worker, the longest first: tests/conftest.py; most tests keep one core busy); beside
+# them, in a process of their own, the `slurm` ones (they mostly wait on the cluster: its output is shown when it
+# ends); then the `serial` ones, alone (a second test's load would move a verdict). A part that ARGS leaves empty
+# (pytest's exit code 5) is not a failure. Each part prints its time; MOE_HYDRA_TEST_DURATIONS=FILE collects every
+# test's time per file (.ci/run prints the slowest files).
 JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))
 test: setup
-	@start=$$(date +%s); \
-	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile --no-loadscope-reorder -m "not serial" --durations=25 \
-	  $(ARGS); rc=$$?; \
-	  echo "make test: parallel part: $$(( $$(date +%s) - start )) s"; \
-	  [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || exit $$rc; \
+	@ok() { [ $$1 -eq 0 ] || [ $$1 -eq 5 ]; }; start=$$(date +%s); log=$$(mktemp); \
+	$(BIN)/python -m pytest -q -p no:xdist -m "slurm" --durations=15 $(ARGS) > $$log 2>&1 & slurm=$$!; \
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile --no-loadscope-reorder -m "not serial and not slurm" \
+	  --durations=25 $(ARGS); rc=$$?; \
+	echo "make test: parallel part: $$(( $$(date +%s) - start )) s"; \
+	wait $$slurm; src=$$?; echo "make test: the slurm part, beside it:"; cat $$log; rm -f $$log; \
+	echo "make test: slurm part: $$(( $$(date +%s) - start )) s from the start"; \
+	ok $$rc || exit $$rc; ok $$src || exit $$src; \
 	start=$$(date +%s); \
-	$(BIN)/python -m pytest -q -m serial --durations=15 $(ARGS); rc=$$?; \
-	  echo "make test: serial part: $$(( $$(date +%s) - start )) s"; \
-	  [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || exit $$rc
+	$(BIN)/python -m pytest -q -m "serial and not slurm" --durations=15 $(ARGS); rc=$$?; \
+	echo "make test: serial part: $$(( $$(date +%s) - start )) s"; \
+	ok $$rc || exit $$rc
 
 bench: setup
 	$(BIN)/python benchmarks/plan_latency.py

@@ -48,10 +48,9 @@ def cli(tmp_path):
 
 
 # The files that take longest in `make test`'s parallel part, longest first (ordered by their tests' times in CI's
-# --durations on two cores); test_slurm leads because its sweeps mostly wait on the cluster while the other worker
-# computes.
-LONGEST_FILES = ("test_slurm.py", "test_job.py", "test_calibration.py", "test_overrides_fuzz.py", "test_search.py",
-                 "test_fit.py", "test_data.py", "test_handoff.py", "test_tracking.py", "test_rules.py")
+# --durations on two cores, with warm starts); the Slurm files run beside this part, in a process of their own.
+LONGEST_FILES = ("test_search.py", "test_calibration.py", "test_job.py", "test_handoff.py", "test_overrides_fuzz.py",
+                 "test_warm.py", "test_data.py", "test_fit.py", "test_nsys.py", "test_rules.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -4,7 +4,9 @@ is followed, waited for and cancelled from new processes; a point requeues at it
 repeat=auto runs its rounds as detached campaigns.
 
 The sweeps are queued together when the module starts and checked one after the other, so their waits overlap
-(the module takes a few minutes on two cores). Slurm holds a requeued job for about two minutes before it may run
+(the module takes a few minutes on two cores); only those whose test must catch a point in the act (running on
+the node it takes down, running when it cancels) are queued by their test. `make test` runs this module beside the
+parallel part of the suite (marker ``slurm``): it mostly waits on the cluster. Slurm holds a requeued job for about two minutes before it may run
 again (its begin time); a thread here lets the module's own requeued jobs go at once (``scontrol update
 StartTime=now``), as an operator would.
 
@@ -33,7 +35,7 @@ if _reason is None:
         _reason = "the local cluster has no partition multi (a second node): run launchers/local-slurm/start again"
 if _reason and os.environ.get("CI") == "true":
     pytest.fail(f"CI needs the local two-node Slurm cluster: {_reason}", pytrace=False)
-pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.skipif(_reason is not None, reason=_reason or "")]
+pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.skipif(_reason is not None, reason=_reason or "")]
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline"}
 ENV.pop("MOE_HYDRA_SITE", None)
@@ -130,13 +132,29 @@ class Releaser(threading.Thread):
                 continue
 
 
+TWO_NODES = ["launcher.partition=multi", "hardware.nodes=2", "hardware.devices_per_node=1", "expert_mesh=ep2"]
+CONTAINER = ["launcher.container_image=nvcr.io/nvidia/pytorch:25.09-py3", "launcher.container_workdir=/workspace",
+             "launcher.container_mounts=[/lustre/data:/data:ro]", "launcher.container_mount_home=false",
+             "launcher.python=python", *SHORT]
+
+
+def auto_args(root: Path) -> list[str]:
+    """repeat=auto's A/B (2 vs 16 sequences a micro-batch) against a generous 20 % noise file (written here)."""
+    noise = root / "noise.json"
+    noise.write_text(json.dumps({"source": "measured", "run_to_run_noise": 0.20, "df": 10, "runs": 11,
+                                 "step_noise": 0.20}))
+    return [*SHORT, "train.micro_batch_size=2,16", "repeat=auto", "compare.max_repeats=3", f"compare.noise_file={noise}"]
+
+
 @pytest.fixture(scope="module")
 def campaign(tmp_path_factory):
-    """Three sweeps queued at once: ``main`` (6 points, 2 at a time), ``limit`` (one point whose 1-minute limit is
-    shorter than its run, requeued once) and ``requeue`` (one point, requeued by hand), both on the second node."""
+    """Every sweep that can wait for its test, queued at once: ``main`` (6 points, 2 at a time), ``limit`` (one point
+    whose 1-minute limit is shorter than its run, requeued once) and ``requeue`` (one point, requeued by hand), both
+    on the second node; the layout search's screening; a container point; two points over two nodes; repeat=auto's
+    first round."""
     root = tmp_path_factory.mktemp("campaign")
     dirs = {name: root / name for name in ("main", "limit", "requeue", "cancel", "container", "two", "down",
-                                           "screen")}
+                                           "screen", "auto")}
     releaser = Releaser(list(dirs.values()))
     releaser.start()
     main = detach(dirs["main"], *SHORT, "launcher.array_parallelism=2", "repeat=0,1,2,3,4,5")
@@ -146,7 +164,11 @@ def campaign(tmp_path_factory):
     detach(dirs["requeue"], *ON_NODE2, "train.train_iters=120", "contract.window=[2,120]")
     screen = detach(dirs["screen"], "hardware.devices_per_node=2", "hydra/sweeper=layout", "hydra.sweeper.top_k=2",
                     "hydra.sweeper.screen_warmup=1", "hydra.sweeper.screen_window=[2,6]")
-    yield {"dirs": dirs, "main": main, "main_states": main_states, "screen": screen}
+    detach(dirs["container"], *CONTAINER)
+    detach(dirs["two"], *TWO_NODES, "dispatcher=alltoall,allgather")
+    auto = auto_args(root)
+    detach(dirs["auto"], *auto)  # the first round
+    yield {"dirs": dirs, "main": main, "main_states": main_states, "screen": screen, "auto": auto}
     releaser.stop.set()
     ids = releaser.ours()
     if ids:
@@ -198,9 +220,6 @@ def test_an_array_keeps_to_its_parallelism(campaign):
 
 def test_the_submitted_script_carries_the_container(campaign):
     d = campaign["dirs"]["container"]
-    detach(d, "launcher.container_image=nvcr.io/nvidia/pytorch:25.09-py3", "launcher.container_workdir=/workspace",
-           "launcher.container_mounts=[/lustre/data:/data:ro]", "launcher.container_mount_home=false",
-           "launcher.python=python", *SHORT)
     (p,) = points(d).values()
     script = Path(p["submitit_folder"].replace("%j", p["slurm_job_id"])) / f"{p['slurm_job_id']}_submission.sh"
     (srun,) = [line for line in script.read_text().splitlines() if line.startswith("srun ")]
@@ -244,8 +263,6 @@ def test_cancel_ends_what_is_queued_and_running(campaign):
 
 def test_points_span_two_nodes_and_train_as_on_one(campaign, tmp_path):
     d = campaign["dirs"]["two"]
-    two = ["launcher.partition=multi", "hardware.nodes=2", "hardware.devices_per_node=1", "expert_mesh=ep2"]
-    detach(d, *two, "dispatcher=alltoall,allgather")
     one = subprocess.run([sys.executable, "-m", "moe_hydra", f"hydra.run.dir={tmp_path}/one", "logger=none",
                           "hardware.devices_per_node=2", "expert_mesh=ep2", "dispatcher=alltoall"], cwd=tmp_path,
                          env=ENV, capture_output=True, text=True, timeout=300)
@@ -317,19 +334,16 @@ def test_status_of_a_campaign_is_fast(campaign):
     assert r.returncode == 0 and time.monotonic() - t0 < 3
 
 
-def test_repeat_auto_runs_one_round_per_detached_invocation_until_decided(tmp_path):
+def test_repeat_auto_runs_one_round_per_detached_invocation_until_decided(campaign):
     """repeat=auto on Slurm, detached: each invocation queues one round and returns; the same command again, after
     ``sweep wait``, keeps the rounds that ran, looks, and queues the next, until the verdict (2 vs 16 sequences a
     micro-batch: two to several times the step time, by machine). The noise file is a generous 20 %, so the first
     look is after round 1 and, for a ratio from 1.4 to 10, the verdict comes at round 2 or 3 (at 10 % a ratio of 3
     decided at round 1 on a slower machine, whose ratio was larger, and the next invocation had nothing to queue)."""
-    noise = tmp_path / "noise.json"
-    noise.write_text(json.dumps({"source": "measured", "run_to_run_noise": 0.20, "df": 10, "runs": 11,
-                                 "step_noise": 0.20}))
-    sweep_dir = tmp_path / "auto"
-    args = [*SHORT, "train.micro_batch_size=2,16", "repeat=auto", "compare.max_repeats=3", f"compare.noise_file={noise}"]
+    sweep_dir, args = campaign["dirs"]["auto"], campaign["auto"]
     for invocation in range(1, 5):
-        detach(sweep_dir, *args)
+        if invocation > 1:  # the campaign queued the first round
+            detach(sweep_dir, *args)
         rec = json.loads((sweep_dir / "sequential.json").read_text())
         if rec["status"] != "queued":
             break

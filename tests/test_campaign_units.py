@@ -198,7 +198,7 @@ def test_bad_campaign_settings_exit_2_with_nothing_queued(tmp_path):
 
 
 class _Job:
-    """What :func:`moe_hydra.launch.state.settle` reads of submitit's job object."""
+    """What :func:`moe_hydra.launch.follow.settle` reads of submitit's job object."""
 
     def __init__(self, folder: Path, job_id: str):
         from submitit.core.utils import JobPaths

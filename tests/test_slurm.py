@@ -34,7 +34,7 @@ def _slurm_up() -> str | None:
 _reason = _slurm_up()
 if _reason and os.environ.get("CI") == "true":
     pytest.fail(f"CI needs the local Slurm cluster: {_reason}", pytrace=False)
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(_reason is not None, reason=_reason or "")]
+pytestmark = [pytest.mark.slow, pytest.mark.slurm, pytest.mark.skipif(_reason is not None, reason=_reason or "")]
 
 SLURM = ["launcher=slurm", "launcher.signal_delay_s=20", "launcher.timeout_min=10", "logger=none"]
 
@@ -138,7 +138,7 @@ def test_site_file_sends_a_plain_command_to_slurm(tmp_path):
 def test_squeue_tells_the_jobs_still_out_and_nothing_of_the_rest():
     """``state.queued`` against slurmctld: an array's running and pending tasks by their sacct ids, and nothing
     for a job that has left the queue (squeue's exit code 1 when it knows none of them)."""
-    from moe_hydra.launch.state import queued
+    from moe_hydra.launch.slurm_jobs import queued
 
     def sbatch(*args: str) -> str:
         return subprocess.run(["sbatch", "--parsable", "-p", "debug", "-o", "/dev/null", *args], capture_output=True,

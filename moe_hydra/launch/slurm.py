@@ -434,8 +434,8 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
             for (p, _), job in zip(group, jobs):
                 p.slurm_job_id, p.submitit_folder, p.submitted_at = job.job_id, folder, submitted_at
                 p.state, p.logs = "PENDING", [str(job.paths.stdout), str(job.paths.stderr)]
-        follow = [f"python -m moe_hydra.sweep {c} {shlex.quote(str(sweep_dir))}" for c in ("status", "wait", "cancel")]
-        ledger.write_sweep(sweep_dir, self._merge_earlier(sweep_dir, points), detached=detach, follow=follow,
+        commands = [f"python -m moe_hydra.sweep {c} {shlex.quote(str(sweep_dir))}" for c in ("status", "wait", "cancel")]
+        ledger.write_sweep(sweep_dir, self._merge_earlier(sweep_dir, points), detached=detach, follow=commands,
                           **({"submitted_at": submitted_at} if submit else {}))
         queued = [p for p in points if p.active]
         if detach and not queued:
@@ -445,12 +445,12 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
                 print(f"moe_hydra: {len(submit)} point(s) queued on Slurm in {time.monotonic() - t0:.1f} s"
                       + (f", {len(queued) - len(submit)} still out from an earlier launch"
                          if len(queued) > len(submit) else "")
-                      + f"; sweep.json in {sweep_dir}. Follow the campaign with\n  " + "\n  ".join(follow), flush=True)
+                      + f"; sweep.json in {sweep_dir}. Follow the campaign with\n  " + "\n  ".join(commands), flush=True)
             returns = [outcome.job_return(p.overrides, outcome.SUBMITTED if p.active else p.state, p.error, p.dir)
                        for p in points]
         else:
             if queued:
-                points = self._wait(sweep_dir, points, follow)
+                points = self._wait(sweep_dir, points, commands)
             progress.report(points, f"sweep {sweep_dir}")
             for p in points:
                 if not p.ok and p.state != "INVALID":
@@ -471,7 +471,7 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
         return {p.num: p for p in candidates if p.active}
 
     @staticmethod
-    def _wait(sweep_dir: Path, points: list[ledger.Point], follow: list[str]) -> list[ledger.Point]:
+    def _wait(sweep_dir: Path, points: list[ledger.Point], commands: list[str]) -> list[ledger.Point]:
         """Attached: wait for every point of this launch (at submitit's pace; :func:`moe_hydra.launch.follow.wait`);
         this launch's points, settled. Ctrl-C leaves them to Slurm and says how to follow them."""
         def shown(all_points: list[ledger.Point]) -> None:
@@ -483,7 +483,7 @@ class SlurmLauncherImpl(_SubmititSlurmLauncher):
         try:
             settled = {p.num: p for p in follow.wait(sweep_dir, on_change=shown)}
         except KeyboardInterrupt:
-            print("\nmoe_hydra: stopped waiting; the points go on in Slurm. Follow them with\n  " + "\n  ".join(follow),
+            print("\nmoe_hydra: stopped waiting; the points go on in Slurm. Follow them with\n  " + "\n  ".join(commands),
                   file=sys.stderr, flush=True)
             raise SystemExit(signal_exit("SIGINT")) from None
         return [settled.get(p.num, p) for p in points]

@@ -364,6 +364,50 @@ def test_slurmctlds_word_on_a_job_still_out_is_newer_than_saccts(tmp_path, monke
     assert sorted(asked) == ["7_0", "7_1"] and pts[0].state == "RUNNING"
 
 
+def test_wait_ends_when_slurm_says_the_settled_points_jobs_ended(tmp_path, monkeypatch):
+    """A point whose results.json says it completed may still hold its job a moment: wait asks Slurm of that job
+    itself (refresh asks only of unsettled points) and ends as soon as Slurm says it ended, not at LINGER_S."""
+    said = {"7_0": {"State": "RUNNING"}}
+    sleeps = []
+
+    class Watcher:
+        _last_status_check = 1.0
+        updates = 0
+
+        def clear(self):
+            pass
+
+        def update(self):
+            Watcher.updates += 1
+            if Watcher.updates >= 3:  # Slurm's accounting catches up with the job's end
+                said["7_0"] = {"State": "COMPLETED"}
+
+        def update_if_long_enough(self, mode):
+            pass
+
+        def get_info(self, job_id, mode):
+            return said[job_id]
+
+    class Job(_Job):
+        watcher = Watcher()
+
+        def __init__(self, folder, job_id):
+            super().__init__(folder, job_id)
+            self.job_id = job_id
+
+    monkeypatch.setattr(slurm_jobs, "job_class", lambda: Job)
+    monkeypatch.setattr(slurm_jobs, "slurm_job", lambda p: Job(tmp_path / ".submitit" / "%j", p.slurm_job_id))
+    monkeypatch.setattr(slurm_jobs, "queued", lambda ids: {})
+    monkeypatch.setattr(follow, "_slurm_here", lambda: True)
+    monkeypatch.setattr(follow.time, "sleep", sleeps.append)
+    p, _ = _point(tmp_path, 0, state="COMPLETED")
+    (Path(p.dir) / "results.json").write_text(json.dumps(_results()))
+    ledger.write_sweep(tmp_path, [p])
+    (done,) = follow.wait(tmp_path)
+    assert done.state == "COMPLETED" and said["7_0"]["State"] == "COMPLETED"
+    assert sleeps == [follow.LINGER_TICK_S] * Watcher.updates  # a look a tick, until Slurm said it ended
+
+
 def test_every_task_of_a_job_rendezvous_on_one_port_outside_the_ephemeral_range(monkeypatch):
     """A job's tasks derive one MASTER_PORT from the job id, below Linux's ephemeral range (an outgoing connection
     on a busy node held submitit's 33263: EADDRINUSE at the rendezvous); an array's points get their own; a port

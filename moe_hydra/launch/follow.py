@@ -185,11 +185,12 @@ def wait(sweep_dir: Path, on_change: Callable[[list[Point]], None] | None = None
             if any(p.active for p in points):
                 continue
             # a point that ended with its result may still hold its job a moment (other ranks, teardown):
-            # until Slurm says every job ended too, for LINGER_S at most
+            # until Slurm says every job ended too, for LINGER_S at most. Slurm is asked of those jobs themselves:
+            # refresh asks only of points still unsettled, and these are settled
             deadline = time.monotonic() + LINGER_S
             while slurm and _lingering(points) and time.monotonic() < deadline:
-                time.sleep(5)
-                refresh(points, slurm=slurm, force=True)
+                time.sleep(LINGER_TICK_S)
+                slurm_jobs.job_class().watcher.update()
             break
         time.sleep(tick_s)
         refresh(points, slurm=slurm, force=False)  # the files at every tick; Slurm at its watcher's pace
@@ -199,6 +200,7 @@ def wait(sweep_dir: Path, on_change: Callable[[list[Point]], None] | None = None
 
 
 LINGER_S = 30
+LINGER_TICK_S = 1
 
 
 def _lingering(points: list[Point]) -> list[Point]:

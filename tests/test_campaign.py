@@ -157,11 +157,12 @@ def campaign(tmp_path_factory):
                                            "screen", "auto")}
     releaser = Releaser(list(dirs.values()))
     releaser.start()
+    # first the point the first test must catch running (and requeue) before it ends
+    detach(dirs["requeue"], *ON_NODE2, "train.train_iters=300", "contract.window=[2,300]")
     main = detach(dirs["main"], *SHORT, "launcher.array_parallelism=2", "repeat=0,1,2,3,4,5")
     main_states = states(dirs["main"])  # a new process, right after the submission
     detach(dirs["limit"], *ON_NODE2, "launcher.timeout_min=1", "launcher.max_num_timeout=1",
            "train.train_iters=100000", "contract.window=[2,100000]")
-    detach(dirs["requeue"], *ON_NODE2, "train.train_iters=120", "contract.window=[2,120]")
     screen = detach(dirs["screen"], "hardware.devices_per_node=2", "hydra/sweeper=layout", "hydra.sweeper.top_k=2",
                     "hydra.sweeper.screen_warmup=1", "hydra.sweeper.screen_window=[2,6]")
     detach(dirs["container"], *CONTAINER)
@@ -185,7 +186,7 @@ def test_a_point_requeued_by_hand_is_seen_requeued_and_completes(campaign):
     w = sweep("wait", d, timeout=300)
     assert w.returncode == 0, w.stdout[-3000:]
     res = results(d, 0)
-    assert res["status"] == "ok" and res["steps"] == 120  # the second attempt measured from scratch
+    assert res["status"] == "ok" and res["steps"] == 300  # the second attempt measured from scratch
     first, second = res["attempts"]
     assert first["requeued"] is True and first["outcome"].startswith("stopped by SIGTERM")
     assert second["outcome"] == "completed" and second["restart_count"] == 1 and points(d)[0]["attempts"] == 2

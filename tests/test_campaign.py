@@ -3,12 +3,12 @@ is followed, waited for and cancelled from new processes; a point requeues at it
 ``scontrol requeue``; a node goes down under a point; arrays keep to their parallelism; points span two nodes;
 repeat=auto runs its rounds as detached campaigns.
 
-The sweeps are queued together when the module starts and checked one after the other, so their waits overlap
-(the module takes a few minutes on two cores); only those whose test must catch a point in the act (running on
-the node it takes down, running when it cancels) are queued by their test. `make test` runs this module beside the
-parallel part of the suite (marker ``slurm``): it mostly waits on the cluster. Slurm holds a requeued job for about two minutes before it may run
-again (its begin time); a thread here lets the module's own requeued jobs go at once (``scontrol update
-StartTime=now``), as an operator would.
+The sweeps are queued together when the module starts and checked one after the other, so their waits overlap (the
+module takes a few minutes on two cores); only those whose test must catch a point in the act (running when it is
+requeued by hand, on the node it takes down, when it cancels) are queued by their test. `make test` runs this module
+beside the parallel part of the suite (marker ``slurm``): it mostly waits on the cluster. Slurm holds a requeued job
+for about two minutes before it may run again (its begin time); a thread here lets the module's own requeued jobs go
+at once (``scontrol update StartTime=now``), as an operator would.
 
 Skipped with a reason when no Slurm cluster answers on this machine; a failure under CI=true, where .ci/run
 starts one.
@@ -149,16 +149,13 @@ def auto_args(root: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def campaign(tmp_path_factory):
     """Every sweep that can wait for its test, queued at once: ``main`` (6 points, 2 at a time), ``limit`` (one point
-    whose 1-minute limit is shorter than its run, requeued once) and ``requeue`` (one point, requeued by hand), both
-    on the second node; the layout search's screening; a container point; two points over two nodes; repeat=auto's
-    first round."""
+    on the second node whose 1-minute limit is shorter than its run, requeued once); the layout search's screening;
+    a container point; two points over two nodes; repeat=auto's first round."""
     root = tmp_path_factory.mktemp("campaign")
     dirs = {name: root / name for name in ("main", "limit", "requeue", "cancel", "container", "two", "down",
                                            "screen", "auto")}
     releaser = Releaser(list(dirs.values()))
     releaser.start()
-    # first the point the first test must catch running (and requeue) before it ends
-    detach(dirs["requeue"], *ON_NODE2, "train.train_iters=300", "contract.window=[2,300]")
     main = detach(dirs["main"], *SHORT, "launcher.array_parallelism=2", "repeat=0,1,2,3,4,5")
     main_states = states(dirs["main"])  # a new process, right after the submission
     detach(dirs["limit"], *ON_NODE2, "launcher.timeout_min=1", "launcher.max_num_timeout=1",
@@ -179,6 +176,7 @@ def campaign(tmp_path_factory):
 
 def test_a_point_requeued_by_hand_is_seen_requeued_and_completes(campaign):
     d = campaign["dirs"]["requeue"]
+    detach(d, *ON_NODE2, "train.train_iters=120", "contract.window=[2,120]")  # here: it must be caught running
     until(lambda: last_step(d, 0) >= 3, 240, what="the point to train")
     assert states(d)[0] == "RUNNING"
     subprocess.run(["scontrol", "requeue", points(d)[0]["slurm_job_id"]], check=True)
@@ -186,7 +184,7 @@ def test_a_point_requeued_by_hand_is_seen_requeued_and_completes(campaign):
     w = sweep("wait", d, timeout=300)
     assert w.returncode == 0, w.stdout[-3000:]
     res = results(d, 0)
-    assert res["status"] == "ok" and res["steps"] == 300  # the second attempt measured from scratch
+    assert res["status"] == "ok" and res["steps"] == 120  # the second attempt measured from scratch
     first, second = res["attempts"]
     assert first["requeued"] is True and first["outcome"].startswith("stopped by SIGTERM")
     assert second["outcome"] == "completed" and second["restart_count"] == 1 and points(d)[0]["attempts"] == 2

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import sys
 import time
 from pathlib import Path
@@ -66,8 +67,12 @@ override_sets = st.lists(override(), min_size=1, max_size=4)
 
 def plan_in_process(overrides: list[str], run_dir: Path) -> tuple[int, str]:
     """``python -m moe_hydra stage=plan OVERRIDES`` in this process (the run command, as the command line runs it):
-    (exit code, what it printed). An exception escaping it is a failure of the promise, and propagates."""
-    argv = sys.argv
+    (exit code, what it printed). An exception escaping it is a failure of the promise, and propagates.
+
+    The process's logging is as it was afterwards: Hydra configures the root logger for each run (a file handler
+    in ``run_dir``, which the caller removes), and a later test's log line would go to that file."""
+    argv, root = sys.argv, logging.getLogger()
+    handlers, level = list(root.handlers), root.level
     out = io.StringIO()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
@@ -76,6 +81,11 @@ def plan_in_process(overrides: list[str], run_dir: Path) -> tuple[int, str]:
         code = e.code if isinstance(e.code, int) else 1
     finally:
         sys.argv = argv
+        for handler in root.handlers:
+            if handler not in handlers:
+                handler.close()
+        root.handlers[:] = handlers
+        root.setLevel(level)
     return code, out.getvalue()
 
 

@@ -93,7 +93,7 @@ def load(path: Path) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("baseline_version") != BASELINE_VERSION:
         got = doc.get("baseline_version") if isinstance(doc, dict) else type(doc).__name__
         raise Refused(f"{path}: baseline_version {got!r}, not {BASELINE_VERSION}: not a baseline file "
-                          "(write one with compare --accept RUN --save-baseline FILE)")
+                          "(write one with moe-hydra accept RUN --save-baseline FILE)")
     samples = doc.get("window_step_times_ms")
     if not isinstance(doc.get("contract"), dict) or not isinstance(samples, list) or len(samples) < 2 or not all(
             isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in samples):

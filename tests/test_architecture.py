@@ -305,6 +305,24 @@ def test_every_command_answers_help_with_its_exit_codes():
             assert f"\n  {code}  " in out.getvalue(), (name, code)
 
 
+@pytest.mark.parametrize("flag, target", [("--accept", "accept"), ("--diff", "diff"), ("--against", "regress")])
+@pytest.mark.parametrize("prog", ["moe-hydra compare", "python -m moe_hydra.compare"])
+def test_an_old_spelling_answers_as_the_command_it_became(flag, target, prog):
+    """``compare --accept`` (--diff, --against) is the command accept (diff, regress): its help, usage and errors
+    name that command, under the spelling the user typed it with."""
+    import contextlib
+    import io
+
+    from moe_hydra.commands import command, run_command
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as e:
+        run_command("compare", [flag, "--help"], prog=prog)
+    new = prog[: -len("compare")] + target
+    assert e.value.code == 0 and out.getvalue().startswith(f"usage: {new} "), out.getvalue()[:200]
+    assert command(target).__doc__.strip().splitlines()[0] in out.getvalue()
+
+
 def test_no_test_imports_a_benchmark_and_no_benchmark_a_test():
     """What both need lives in the package (moe_hydra.testing, moe_hydra.launch.compose, the analysis): a test that
     imports a benchmark (or loads one by its path), or a benchmark that imports a test or puts tests/ on the path,

@@ -68,6 +68,7 @@ def run_command(name: str, argv: list[str] | None = None, prog: str | None = Non
     try:
         redirect = getattr(module, "redirect", None)
         if redirect and (target := redirect(argv)):  # a spelling kept for another command (compare --accept)
+            prog = prog[: -len(name)] + target[0] if prog.endswith(name) else prog
             name, argv = target
             module = command(name)
         trailing = getattr(module, "TRAILING_WORDS", None)

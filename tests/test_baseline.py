@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import uuid
@@ -20,8 +21,7 @@ from tests.conftest import run_cli
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("baseline")
-    # 27 steady steps: the interval of a copy twice as slow clears the CPU preset's 35 % floor even when the run
-    # shares the machine with the rest of the suite (7 steps under load: [+4 %, +196 %], undecided)
+    # 27 steady steps, so that the verdicts below rest on a window, not on a few steps the suite's load may stall
     r = run_cli(f"hydra.run.dir={root}/run", "logger=none", "train.train_iters=30", "contract.window=[4,30]", cwd=root)
     assert r.returncode == 0, r.stderr[-2000:]
     return root / "run"
@@ -70,9 +70,14 @@ def test_the_run_itself_holds(run_dir, tmp_path):
 
 
 def test_a_slower_run_regresses_with_exit_3(run_dir, tmp_path):
-    # twice as slow: well beyond the CPU preset's 35 % run-to-run floor, even with the window's steps spread by load
-    slow = variant(run_dir, tmp_path, "slow", step_times_ms=lambda ts: [t * 2 for t in ts])
-    r = against(golden(run_dir, tmp_path), slow)
+    """Twice as slow is well beyond the CPU preset's 35 % run-to-run floor; what the test can resolve depends on the
+    baseline's own spread. Under the suite's load one stalled step makes a 27-step window's coefficient of variation
+    about 1 (CI: 103 ms, 95 % CI [62, 145]), and then even a doubling is undecided ([+11 %, +189 %]): correctly so.
+    The baseline here is the run with its stalls clipped at its median step (its calm steps as measured), and the
+    slower run that copy with every step doubled."""
+    calm = variant(run_dir, tmp_path, "calm", step_times_ms=lambda ts: [min(t, statistics.median(ts)) for t in ts])
+    slow = variant(calm, tmp_path, "slow", step_times_ms=lambda ts: [t * 2 for t in ts])
+    r = against(golden(calm, tmp_path), slow)
     assert r.returncode == EXIT_REGRESSED, r.stdout + r.stderr
     assert "regressed" in r.stdout and "step time +100" in r.stdout.replace("\n", " ")
 

@@ -33,6 +33,7 @@ with the conventional code, 128 + the signal's number. A failure writes ``status
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import logging
 import os
 import signal
@@ -109,6 +110,9 @@ def worker(spec: dict[str, Any]) -> dict[str, Any] | None:
     r: Resolved = spec["resolved"]
     out_dir = Path(spec["out_dir"])
     rank = int(os.environ.get("RANK", "0"))
+    # a native crash (SIGSEGV, SIGBUS, SIGABRT in torch, gloo or a kernel) prints every thread's Python stack to the
+    # rank's stderr before the process dies: what the launcher's "Segmentation fault" alone does not say
+    faulthandler.enable(all_threads=True)
     _warnings_to_file(out_dir / "ranks" / f"warnings.rank{rank}.log")
     warm_server.replay_warnings()  # a rank forked from a warm server: the warnings its imports gave there
     origin = spec.get("startup") or startup.origin("in_process", first=True)

@@ -126,8 +126,9 @@ def test_console_script_and_hydras_shell_completion(tmp_path):
 def test_context_parallel_is_planned_but_refused_by_a_rule_before_a_run_starts(cli, tmp_path):
     r = cli("stage=plan", "hardware.devices_per_node=2", "attention_mesh=cp2")
     assert r.returncode == 0, r.stderr
-    r = cli("hardware.devices_per_node=2", "attention_mesh=cp2")
+    run_dir = tmp_path / "run2"  # a run directory holds one command's outcome
+    r = cli(f"hydra.run.dir={run_dir}", "hardware.devices_per_node=2", "attention_mesh=cp2")
     assert r.returncode == 2 and "[J01]" in r.stderr and "Traceback" not in r.stderr
-    refused = json.loads((tmp_path / "run" / "violations.json").read_text())["violations"]
+    refused = json.loads((run_dir / "violations.json").read_text())["violations"]
     assert [v["rule"] for v in refused] == ["J01"]
-    assert not (tmp_path / "run" / "results.json").exists() and not (tmp_path / "run" / "ranks").exists()
+    assert not (run_dir / "results.json").exists() and not (run_dir / "ranks").exists()

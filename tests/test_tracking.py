@@ -54,8 +54,9 @@ def test_sweep_arms_share_contract_hash_and_labels_are_computed(cli, tmp_path):
     r = cli("stage=plan", "train.seq_length=64")
     assert r.returncode == 0, r.stderr
     seq64 = plan_of(tmp_path / "run" / "plan.json")
-    r = cli("stage=plan", "routing=force_balance")
-    fb = plan_of(tmp_path / "run" / "plan.json")
+    r = cli(f"hydra.run.dir={tmp_path}/fb", "stage=plan", "routing=force_balance")  # a directory per command
+    assert r.returncode == 0, r.stderr
+    fb = plan_of(tmp_path / "fb" / "plan.json")
     assert seq64["contract_hash"] != fb["contract_hash"] != a["contract_hash"] != seq64["contract_hash"]
     assert fb["label"] == "benchmark-only"
     assert any("force-balanced routing" in reason for reason in fb["label_reasons"])

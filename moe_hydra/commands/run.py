@@ -83,6 +83,32 @@ class Outcomes(Callback):
             sys.exit(EXIT_FAILED if failed else EXIT_REFUSED)
 
 
+class Claim(Callback):
+    """Hydra callback (``hydra.callbacks.claim`` in conf/config.yaml): before one run writes anything (Hydra's
+    ``.hydra/`` included), its ``hydra.run.dir`` is made (a new one when it is named by the time) and held for the
+    command (:mod:`moe_hydra.launch.directories`). A directory another command holds, one that holds another
+    command's outcome, or one that cannot be written is refused: one message naming ``hydra.run.dir``, exit 2, the
+    directory as it was. The same command again replaces its own outcome. A sweep's directory is the sweeper's to
+    hold (:func:`moe_hydra.launch.points.claim`)."""
+
+    def __init__(self) -> None:
+        self.lock = None  # the held lock file, open until the command ends
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        from moe_hydra.launch import directories
+
+        try:
+            run_dir = directories.pin(config, "hydra.run.dir", "hydra.run.dir")
+            self.lock = directories.hold(run_dir, directories.RUN_LOCK, "hydra.run.dir")
+            other = directories.other_run(run_dir, OmegaConf.to_container(config.hydra.overrides.task), OUTCOME_FILES)
+            if other:
+                raise Refused(f"{run_dir} {other}; nothing was written or launched. Start this one in a directory of "
+                              f"its own: hydra.run.dir=<dir> (that command again replaces its own)")
+        except Refused as e:
+            print(f"moe_hydra: {e}", file=sys.stderr, flush=True)
+            sys.exit(EXIT_REFUSED)
+
+
 def _sweep_context() -> tuple[list[str], str | None]:
     """(override keys swept by the current multirun, a name for the sweep); ([], None) for one run.
 
@@ -213,6 +239,8 @@ def run_point(cfg: DictConfig) -> str:
     if here and r is not None:  # admission: the memory verdict and this machine join the rules' refusals
         too_big = plan.unfit(obj, p) if p else None
         refused += [too_big] * bool(too_big) + local.machine(r, inside_allocation=rank is not None)
+    elif obj.stage is Stage.fit and (rank is not None or obj.launcher.name == "local"):  # builds ranks here
+        refused += local.packages("fit")
     if refused:
         refusal = LayoutError(refused, _point_name())
         if rank in (None, 0):
@@ -289,6 +317,8 @@ def _run_job(cfg: DictConfig, r: Resolved, p: dict, out_dir: Path, snapshot: dic
         _fail(str(e))
     except local.JobStopped as e:
         _stopped(e.signame, e.code, out_dir)
+    except Refused as e:  # the job's packages cannot be imported here (H09)
+        _refuse(str(e))
     loss = results["loss"]
     print(f"moe_hydra: {results['steps']} steps, window {results['window']}: step {results['step_time_ms']:.1f} ms, "
           f"{results['tokens_per_s_per_gpu']:.1f} tokens/s/GPU, {results['tflops_per_gpu']:.4f} TFLOP/s/GPU, "

@@ -16,7 +16,6 @@ too), before ``multirun.yaml`` is written.
 from __future__ import annotations
 
 import copy
-import fcntl
 import itertools
 import logging
 from dataclasses import dataclass, field
@@ -28,15 +27,15 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException
 from hydra.plugins.sweeper import Sweeper
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from moe_hydra.core.errors import Refused
-from moe_hydra.launch import outcome, sequential
+from moe_hydra.launch import directories, outcome, sequential
 
 log = logging.getLogger("moe_hydra")
 
-LOCK_FILE = ".sweep.lock"  # in the sweep directory; flock'ed while a sweep runs
+LOCK_FILE = directories.SWEEP_LOCK  # in the sweep directory; flock'ed while a sweep runs
 # Points this sweeper composed (to refuse those Hydra cannot compose), handed to the launcher that launches them so
 # it does not compose them again: (id of the sweep's config, the point's overrides) -> the composed config
 _COMPOSED: dict[tuple[int, tuple[str, ...]], DictConfig] = {}
@@ -117,31 +116,27 @@ def claim(config: DictConfig) -> IO:
 
     Two sweeps in one directory mix their files: each point's ``plan.json`` would record the other sweep's swept
     keys (``multirun.yaml``, which the contract hash reads, is overwritten), a point directory would hold one
-    sweep's plan and the other's refusal. So a directory takes one sweep at a time (an exclusive ``flock`` on
+    sweep's plan and the other's refusal. So a directory takes one sweep at a time (:func:`directories.hold` on
     ``.sweep.lock``) and one sweep in its life: a sweep whose ``multirun.yaml`` differs in what it sweeps (the
     task overrides, the sweeper and its ``params``) is refused. Running the same command again resumes that sweep.
-    A file system without ``flock`` gets a warning and the second check only.
+    A time-named directory (the default) is a new one for every sweep (:func:`directories.pin`), pinned for the
+    points too (a ``hydra.sweep.dir`` override of the sweep's, which every point's config is composed with).
 
     Raises:
-        Refused: another sweep runs in the directory, or it holds another sweep's points; the message names
-            ``hydra.sweep.dir``. Nothing in the directory is changed.
+        Refused: another sweep runs in the directory, it holds another sweep's points, or it cannot be made or
+            written; the message names ``hydra.sweep.dir``. Nothing in the directory is changed.
     """
-    sweep_dir = Path(str(config.hydra.sweep.dir))
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    lock = open(sweep_dir / LOCK_FILE, "a")  # noqa: SIM115 - held open for the sweep, closed by the caller
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.close()
-        raise Refused(f"another sweep is running in {sweep_dir}; start this one in a directory of its own: "
-                            f"hydra.sweep.dir=<dir>") from None
-    except OSError as e:  # e.g. a Lustre mount without -o flock
-        log.warning("cannot lock %s (%s): a sweep started there at the same time would not be refused", sweep_dir, e)
+    sweep_dir = directories.pin(config, "hydra.sweep.dir", "hydra.sweep.dir")
+    hydra_overrides = [o for o in OmegaConf.to_container(config.hydra.overrides.hydra)
+                       if not o.lstrip("+~").startswith("hydra.sweep.dir=")]
+    with read_write(config.hydra.overrides):
+        config.hydra.overrides.hydra = [*hydra_overrides, f"hydra.sweep.dir={sweep_dir}"]
+    lock = directories.hold(sweep_dir, LOCK_FILE, "hydra.sweep.dir", what="sweep")
     other = _other_sweep(sweep_dir / "multirun.yaml", config)
     if other:
         lock.close()
         raise Refused(f"{sweep_dir} {other}; its points would mix with this one's. Start this one in a "
-                            f"directory of its own: hydra.sweep.dir=<dir> (that sweep's own command resumes it)")
+                      f"directory of its own: hydra.sweep.dir=<dir> (that sweep's own command resumes it)")
     return lock
 
 
@@ -214,6 +209,20 @@ class PointsSweeperImpl(Sweeper):
                 returns.append(self._launch(batch, first))
                 first += len(batch)
         return returns
+
+    def work(self, point: list[str]) -> Any:
+        """What a step of ``point`` trains (:class:`moe_hydra.core.contract.Work`, from its resolved plan), or None
+        when it does not compose or plan (its own launch refuses it, saying why). Pure planning: nothing runs."""
+        from moe_hydra.core import contract
+        from moe_hydra.core.resolved import resolve
+        from moe_hydra.core.schema import typed
+        from moe_hydra.core.violations import LayoutError
+
+        try:
+            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(point))
+            return contract.Work.of_resolved(resolve(typed(cfg)))
+        except (LayoutError, ConfigCompositionException, OmegaConfBaseException, Refused):
+            return None
 
     def _launch(self, batch: list[list[str]], first: int) -> list:
         """Compose every point of ``batch`` (``first``: its first job number); launch each run of consecutive points

@@ -24,7 +24,7 @@ EXITS = {EXIT_OK: "written", EXIT_REFUSED: "bad input (a missing or unreadable i
 def arguments(ap: argparse.ArgumentParser) -> None:
     sub = ap.add_subparsers(dest="verb", required=True)
     p = sub.add_parser("prepare", help="text files -> PREFIX.bin, PREFIX.idx, PREFIX.tokenizer.json")
-    p.add_argument("--out", required=True, help="the dataset prefix to write, DIR/NAME")
+    p.add_argument("--out", required=True, help="the dataset prefix to write, DIR/NAME (not a directory)")
     p.add_argument("--tokenizer", default="bytes", choices=["bytes"], help="byte-level (vocabulary 258; default)")
     p.add_argument("--documents", default="file", choices=["file", "paragraph"],
                    help="one document per file (default) or per paragraph")
@@ -32,6 +32,9 @@ def arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from moe_hydra.launch.local import importable
+
+    importable("data prepare (Megatron-Core's IndexedDatasetBuilder)", instead="")
     from moe_hydra.job.data import prepare
 
     made = prepare(args.files, args.out, args.tokenizer, args.documents)

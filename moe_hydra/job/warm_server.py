@@ -353,7 +353,11 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--origins", required=True)
     args = parser.parse_args(argv)
     t0 = time.monotonic()
-    problems = preload()
+    try:
+        problems = preload()
+    except ImportError as e:  # a planner-only or broken install: the client says what to install
+        print(f"moe_hydra.warm_server: cannot import the job's packages: {e}", flush=True)
+        sys.exit(EXIT_FAILED)
     found = warm.origins()
     if found != json.loads(args.origins):
         problems.append(f"packages resolve elsewhere here than in the client: {found} != {args.origins}")

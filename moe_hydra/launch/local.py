@@ -3,7 +3,8 @@
 :func:`implementation` detects what the job will build here (Transformer Engine or not, ...) for the
 resolved plan of ``stage=run``; :func:`machine` is the job's own check of the machine that runs it (plans
 are made anywhere): GPUs present, cores enough, DeepEP/HybridEP/Transformer Engine installed when the
-config needs them, Nsight Systems when ``profile.tool=nsys``, each refusal a violation with an id (H01..H08).
+config needs them, Nsight Systems when ``profile.tool=nsys``, torch and Megatron-Core themselves (a planner-only
+install has neither), each refusal a violation with an id (H01..H09).
 Both run before any process starts.
 :func:`launch_local` starts ``world_size`` ranks with torch's elastic launcher (c10d rendezvous on localhost,
 :func:`run_ranks`), rank 0's output on the console and the other ranks' output in ``<job dir>/ranks/``: forked
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_hydra.core import startup
-from moe_hydra.core.errors import Failed
+from moe_hydra.core.errors import Failed, Refused
 from moe_hydra.core.resolved import Implementation, Resolved
 from moe_hydra.core.violations import V, Violation
 from moe_hydra.job import warm
@@ -45,7 +46,48 @@ def _gpu_count() -> int:
 
 
 def _has(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
+    """Whether ``module`` is installed, looked up without importing anything (``find_spec`` of a dotted name would
+    import its parents: ``megatron`` of ``megatron.core``)."""
+    top, _, rest = module.partition(".")
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return False
+    if spec is None or not rest:
+        return spec is not None
+    return any(Path(loc, *rest.split(".")).is_dir() or Path(loc, *rest.split(".")).with_suffix(".py").is_file()
+               for loc in spec.submodule_search_locations or [])
+
+
+# What a job needs on the machine that builds it, beyond a planner-only install (pyproject's train extra)
+JOB_PACKAGES = ("torch", "megatron.core")
+TRAIN_EXTRA = ("pip install torch==2.13.0 'moe_hydra[train]' for a CPU; in an NGC container its torch and "
+               "Megatron-Core stay: pip install --no-deps moe_hydra")
+
+
+def packages(stage: str = "run") -> list[Violation]:
+    """H09: the job's packages (:data:`JOB_PACKAGES`) are not installed here: a planner-only install (looked up,
+    not imported: the command stays fast; :func:`importable` imports them where the job starts cold)."""
+    missing = [name for name in JOB_PACKAGES if not _has(name)]
+    if not missing:
+        return []
+    return [V("H09", f"this install has no {' and no '.join(missing)}: it plans, searches, launches on Slurm and "
+                     f"compares, but builds no model here ({TRAIN_EXTRA})", "stage=plan", stage=stage)]
+
+
+def importable(who: str = "the job", instead: str = "; stage=plan plans without them") -> None:
+    """Import the job's packages in this process (one that starts the ranks cold imports them anyway; so does
+    ``data prepare``).
+
+    Raises:
+        Refused: one of them fails to import (not installed, broken or shadowed): one line, what to install.
+    """
+    for name in JOB_PACKAGES:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise Refused(f"{name} cannot be imported here ({str(e).strip() or type(e).__name__}): {who} needs torch "
+                          f"and Megatron-Core ({TRAIN_EXTRA}){instead}") from None
 
 
 def _has_hybrid_ep() -> bool:
@@ -72,7 +114,7 @@ def machine(r: Resolved, inside_allocation: bool = False) -> list[Violation]:
 
     ``inside_allocation``: checked by a task of a cluster job, whose cores the scheduler sized.
     """
-    cfg, out = r.cfg, []
+    cfg, out = r.cfg, packages(r.cfg.stage.value)
     hw = cfg.hardware
     if cfg.launcher.name == "local" and hw.nodes > 1:
         out.append(V("H01", f"launcher=local runs on this one machine; hardware.nodes={hw.nodes} needs a cluster",
@@ -208,6 +250,7 @@ def launch_local(spec: dict[str, Any], world_size: int, out_dir: Path, *,
     if wrapper is None:
         wrapper = rank_wrapper(cfg, out_dir)
     if wrapper:
+        importable()
         return run_ranks({**spec, "startup": {**origin, "start": "program"}}, world_size, out_dir, wrapper=wrapper)
     if start_warm(cfg) if warm_start is None else warm_start:
         def call(how: str) -> warm.Call:
@@ -217,12 +260,14 @@ def launch_local(spec: dict[str, Any], world_size: int, out_dir: Path, *,
         try:
             remote = warm.submit(call)
         except warm.Unavailable as e:
+            importable()  # a server that could not import them: the refusal, not its log
             print(f"moe_hydra: starting the ranks cold: {e}", file=sys.stderr, flush=True)
         else:
             try:
                 return remote.wait()
             except (warm.Ended, warm.RemoteError) as e:
                 raise JobFailed(None, str(e), out_dir / "ranks") from None
+    importable()
     return run_ranks({**spec, "startup": origin}, world_size, out_dir)
 
 

@@ -213,12 +213,33 @@ def _documents(text: str, per: str) -> list[str]:
     return [p for p in re.split(r"\n\s*\n", text) if p.strip()]
 
 
+DATASET_FILES = (".bin", ".idx", ".tokenizer.json")  # what prepare writes beside a prefix, in the order it renames
+
+
+def _prefix(out: str) -> Path:
+    """``--out`` as a dataset prefix ``DIR/NAME``.
+
+    Raises:
+        Refused: empty, a directory (an existing one, or a path ending in ``/``), or a name of dots only.
+    """
+    if not out.strip():
+        raise Refused("--out '': the dataset needs a prefix, DIR/NAME (it writes NAME.bin, NAME.idx and "
+                      "NAME.tokenizer.json in DIR); nothing was written")
+    prefix = Path(out)
+    if out.endswith(("/", os.sep)) or prefix.is_dir() or prefix.name in ("", ".", ".."):
+        raise Refused(f"--out {out}: a directory, not a dataset prefix; name the dataset in it: --out "
+                      f"{out.rstrip('/' + os.sep) or '.'}/NAME; nothing was written")
+    return prefix
+
+
 def prepare(files: list[str], out: str, tokenizer: str = "bytes", documents: str = "file") -> dict:
     """Tokenize ``files`` into the dataset ``out`` (a prefix); returns its counts.
 
     Raises:
-        Refused: an input is missing, unreadable or not UTF-8, there is no text, or the output cannot be written.
+        Refused: ``out`` is not a prefix (:func:`_prefix`), an input is missing, unreadable or not UTF-8, there is
+            no text, or the output cannot be written (nothing is left of it then).
     """
+    prefix = _prefix(out)
     missing = [f for f in files if not Path(f).is_file()]
     if missing:
         raise Refused(f"input file{'s' if len(missing) > 1 else ''} not found: {', '.join(missing)}; nothing was "
@@ -234,7 +255,6 @@ def prepare(files: list[str], out: str, tokenizer: str = "bytes", documents: str
     docs = [d for t in texts for d in _documents(t, documents)]
     if not docs:
         raise Refused(f"no text in {', '.join(files)}; nothing was written")
-    prefix = Path(out)
     try:
         prefix.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -251,17 +271,28 @@ def prepare(files: list[str], out: str, tokenizer: str = "bytes", documents: str
     tok = DatasetTokenizer.bytes()
     dtype = DType.optimal_dtype(tok.vocab_size)
     tokens = 0
+    final = {ext: Path(f"{prefix}{ext}") for ext in DATASET_FILES}
+    tmp = {ext: path.with_name(f".{path.name}.{os.getpid()}.tmp") for ext, path in final.items()}
     try:
-        builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=dtype)
+        builder = IndexedDatasetBuilder(str(tmp[".bin"]), dtype=dtype)
         for doc in docs:
             ids = numpy.asarray(tok.tokenize(doc) + [tok.eod], dtype=dtype)
             builder.add_document(ids, [ids.size])
             tokens += ids.size
-        builder.finalize(f"{prefix}.idx")
+        builder.finalize(str(tmp[".idx"]))
         description = {**tok.description(), "made_by": "python -m moe_hydra.data prepare", "dtype": numpy.dtype(dtype).name,
                        "documents": len(docs), "tokens": tokens, "inputs": [Path(f).name for f in files]}
-        Path(f"{prefix}.tokenizer.json").write_text(json.dumps(description, indent=2) + "\n", encoding="utf-8")
+        tmp[".tokenizer.json"].write_text(json.dumps(description, indent=2) + "\n", encoding="utf-8")
+        # the old dataset's index and tokenizer go first: an interruption between the renames leaves no .idx (an
+        # incomplete dataset, refused as one), never a new .bin beside an old .idx
+        for ext in (".idx", ".tokenizer.json"):
+            final[ext].unlink(missing_ok=True)
+        for ext in DATASET_FILES:
+            os.replace(tmp[ext], final[ext])
     except OSError as e:
         raise Refused(f"--out {out}: cannot write the dataset: {e.strerror or e}") from None
+    finally:  # interrupted or refused: no partial file is left behind
+        for path in tmp.values():
+            path.unlink(missing_ok=True)
     return {"prefix": str(prefix), "documents": len(docs), "tokens": tokens, "dtype": numpy.dtype(dtype).name,
             "vocab_size": tok.vocab_size}

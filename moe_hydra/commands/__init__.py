@@ -62,10 +62,10 @@ def run_command(name: str, argv: list[str] | None = None, prog: str | None = Non
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     prog = prog or f"moe-hydra {name}"
-    module = command(name)
-    if hasattr(module, "main"):  # the run command: Hydra parses its command line
-        return module.main(argv, prog)
     try:
+        module = command(name)  # inside: Ctrl-C during its imports is an interruption too
+        if hasattr(module, "main"):  # the run command: Hydra parses its command line
+            return module.main(argv, prog)
         redirect = getattr(module, "redirect", None)
         if redirect and (target := redirect(argv)):  # a spelling kept for another command (compare --accept)
             prog = prog[: -len(name)] + target[0] if prog.endswith(name) else prog

@@ -16,7 +16,7 @@ from moe_hydra.analysis import compare, diagnosis
 from moe_hydra.analysis.runs import load as load_runs
 from moe_hydra.commands import run_command
 from moe_hydra.core import contract
-from moe_hydra.core.errors import EXIT_FAILED, EXIT_REFUSED
+from moe_hydra.core.errors import EXIT_FAILED, EXIT_REFUSED, Refused
 from moe_hydra.core.stats import EQUIVALENT, FASTER, SAME, SLOWER, UNDECIDED, welch
 
 BASE_CONTRACT = {"dispatcher": {"name": "alltoall"}, "train": {"seq_length": 128}, "parallel": {"ep": 1}}
@@ -513,3 +513,48 @@ def test_a_sequential_sweep_is_noted_with_its_own_verdict(tmp_path, capsys):
     assert run_command("compare", [str(d), "--out", str(tmp_path / "out")]) == 0
     assert "repeat=auto" in capsys.readouterr().out
     assert json.loads((tmp_path / "out" / "compare.json").read_text())["sequential"][0]["status"] == "decided"
+
+
+def work_run(root: Path, name: str, times: list[float], gbs: int, swept: tuple[str, ...], mbs: int = 1) -> Path:
+    """A fake run whose contract says the work of its step: ``gbs`` sequences of 128 tokens on one GPU."""
+    c = {**json.loads(json.dumps(BASE_CONTRACT)), "hardware": {"nodes": 1, "devices_per_node": 1},
+         "parallel": {"ep": 1, "data_parallel_size": 1}}
+    c["train"] = {"seq_length": 128, "global_batch_size": gbs, "micro_batch_size": mbs}
+    return fake_run(root, name, times, swept=swept, contract=c, **contract.hashes(c, list(swept)),
+                    tracking={"job_type": f"{swept[0]}={gbs if 'global' in swept[0] else mbs}"})
+
+
+def test_a_design_that_varies_the_work_a_step_is_judged_on_tokens_per_s(tmp_path):
+    """train.global_batch_size swept on purpose: twice the tokens in 1.5 times the step time is faster in tokens/s/GPU,
+    though slower a step; the test runs on time per token and says so."""
+    rng = random.Random(3)
+    work_run(tmp_path, "0", noisy(100, 23, rng), 8, ("train.global_batch_size",))
+    work_run(tmp_path, "1", noisy(150, 23, rng), 16, ("train.global_batch_size",))
+    loaded = load_runs([tmp_path], lambda m: None).runs
+    [comp] = compare.compare(loaded, noise_floor=0.05)
+    e = comp.effects["train.global_batch_size=16"]
+    assert comp.metric == contract.THROUGHPUT and e.verdict == FASTER, (comp.metric, e)
+    assert e.rel_step_time == pytest.approx(150 / 16 / (100 / 8) - 1, abs=0.02)  # time per token
+    assert e.rel_tokens_per_s == pytest.approx(100 / 8 / (150 / 16) - 1, abs=0.03)
+    assert any("judged on tokens/s/GPU" in n for n in comp.notes)
+
+
+def test_arms_whose_batch_follows_the_variable_are_refused_with_the_fix(tmp_path):
+    """A micro batch swept while the global batch follows it (4 vs 5 sequences a step): never judged on step time."""
+    rng = random.Random(4)
+    work_run(tmp_path, "0", noisy(100, 23, rng), 4, ("train.micro_batch_size",), mbs=4)
+    work_run(tmp_path, "1", noisy(110, 23, rng), 5, ("train.micro_batch_size",), mbs=5)
+    loaded = load_runs([tmp_path], lambda m: None).runs
+    with pytest.raises(Refused) as e:
+        compare.compare(loaded)
+    assert "train different work a step" in str(e.value) and "train.global_batch_size=20" in str(e.value)
+
+
+def test_measure_is_step_time_for_like_work_and_refuses_unlike_work_unless_it_is_the_variable():
+    same, more = contract.Work(512, 1, 4), contract.Work(640, 1, 5)
+    assert contract.measure([same, same], ["train.micro_batch_size"]) == contract.STEP_TIME
+    assert contract.measure([same, more], ["train.global_batch_size"]) == contract.THROUGHPUT
+    assert contract.measure([same, contract.Work(1024, 2, 4)], ["hardware.nodes"]) == contract.THROUGHPUT
+    assert contract.measure([same, None], ["dispatcher"]) == contract.STEP_TIME  # a contract that does not say
+    with pytest.raises(Refused, match=r"train.global_batch_size=20 "):
+        contract.measure([same, more], ["train.micro_batch_size"])

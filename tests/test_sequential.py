@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from moe_hydra.core import stats
+from moe_hydra.core import contract, stats
 from moe_hydra.launch import outcome, sequential
 from tests.test_compare import fake_run
 
@@ -95,7 +95,7 @@ class FakeSweeper:
     'runs' at once: a results.json of steps drawn for its arm (``means``: arm value -> mean step ms)."""
 
     def __init__(self, tmp: Path, means: dict[str, float], sd_run: float, seed: int = 0, detach: bool = False,
-                 **compare):
+                 works: dict | None = None, **compare):
         self.sweep_dir = tmp / "sweep"
         self.config = OmegaConf.create({"stage": "run", "hydra": {"sweep": {"dir": str(self.sweep_dir)}},
                                         "contract": {"window": [4, 23]}, "hardware": {"run_to_run_noise": 0.2},
@@ -105,6 +105,10 @@ class FakeSweeper:
         self.means, self.sd_run, self.detach = means, sd_run, detach
         self.rng = np.random.default_rng(seed)
         self.batches: list[tuple[int, list[list[str]]]] = []
+        self.works = works or {}  # arm -> the work of its step (what the points sweeper resolves); none: unknown
+
+    def work(self, point):
+        return next((self.works[o] for o in point if o in self.works), None)
 
     def _launch(self, batch, first):
         self.batches.append((first, [list(p) for p in batch]))
@@ -115,7 +119,7 @@ class FakeSweeper:
             if self.detach:
                 rets.append(outcome.job_return(point, outcome.SUBMITTED, None, str(d)))
                 continue
-            arm = next(o for o in point if o.startswith("dispatcher="))
+            arm = next(o for o in point if o in self.means)
             mean = self.means[arm] * (1 + self.rng.normal(0, self.sd_run))
             fake_run(self.sweep_dir, str(num), list(mean * (1 + self.rng.normal(0, 0.03, 23))))
             rets.append(outcome.job_return(point, "COMPLETED", None, str(d)))
@@ -159,6 +163,30 @@ def test_drive_with_a_measured_noise_looks_after_round_one_and_declares_equivale
     assert rec["verdict"] in (stats.EQUIVALENT, stats.UNDECIDED) and rec["verdict"] == stats.EQUIVALENT, rec
 
 
+def test_a_design_that_varies_the_work_is_judged_on_tokens_per_s(tmp_path):
+    """train.global_batch_size 8 vs 16 (on purpose): 1.5 times the step time for twice the tokens is faster in
+    tokens/s/GPU; the test runs on time per token, and sequential.json says which figure it judged."""
+    gbs = {"train.global_batch_size=8": contract.Work(1024, 1, 1), "train.global_batch_size=16": contract.Work(2048, 1, 1)}
+    s = FakeSweeper(tmp_path, {"train.global_batch_size=8": 100.0, "train.global_batch_size=16": 150.0}, sd_run=0.02,
+                    works=gbs)
+    sequential.drive(s, _overrides("train.global_batch_size=8,16"))
+    rec = json.loads((s.sweep_dir / sequential.SEQUENTIAL_FILE).read_text())
+    [pair] = rec["pairs"]
+    assert rec["metric"] == pair["metric"] == contract.THROUGHPUT and rec["verdict"] == stats.FASTER, rec
+    assert pair["rel_tokens_per_s_per_gpu"] == pytest.approx(100 / 1024 / (150 / 2048) - 1, abs=0.05)
+    assert pair["ci"][0] < pair["rel_tokens_per_s_per_gpu"] < pair["ci"][1] and pair["rel_step_time"] is None
+    assert rec["tokens_per_step_per_gpu"] == [1024, 2048]
+
+
+def test_arms_whose_batch_follows_the_variable_are_refused_before_a_round(tmp_path, capsys):
+    works = {"train.micro_batch_size=4": contract.Work(512, 1, 4), "train.micro_batch_size=5": contract.Work(640, 1, 5)}
+    s = FakeSweeper(tmp_path, {}, sd_run=0.0, works=works)
+    [[ret]] = sequential.drive(s, _overrides("train.micro_batch_size=4,5"))
+    err = capsys.readouterr().err
+    assert outcome.state_of(ret) == "INVALID" and not s.batches, err
+    assert "train different work a step" in err and "train.global_batch_size=20" in err and "Nothing was launched" in err
+
+
 def test_drive_stops_at_the_cap_undecided(tmp_path):
     s = FakeSweeper(tmp_path, {"dispatcher=alltoall": 100.0, "dispatcher=allgather": 101.0}, sd_run=0.05,
                     max_repeats=3)
@@ -199,19 +227,19 @@ def run_auto(tmp_path: Path, *args: str, timeout: int = 900) -> subprocess.Compl
 
 @pytest.mark.slow
 @pytest.mark.serial
-def test_real_runs_repeat_auto_detects_more_work_per_step(tmp_path):
-    """tiny_moe with 2 vs 16 sequences a micro-batch (8 times the tokens a step, about twice the step time on a CPU):
-    repeat=auto stops at slower within compare.max_repeats runs per arm, each round's runs in the sweep directory.
-    The noise file is what a site file would point at (10 % run-to-run, generous for a shared CPU), so the test
-    looks from the first round and decides in two or three."""
+def test_real_runs_repeat_auto_detects_a_deeper_model(tmp_path):
+    """tiny_moe with 1 vs 8 layers (the same tokens a step, so step time is the figure; about 5 times the step time
+    on a CPU): repeat=auto stops at slower within compare.max_repeats runs per arm, each round's runs in the sweep
+    directory. The noise file is what a site file would point at (10 % run-to-run, generous for a shared CPU), so the
+    test looks from the first round."""
     (tmp_path / "noise.json").write_text(json.dumps({"source": "measured", "run_to_run_noise": 0.10, "df": 10,
                                                      "runs": 11, "step_noise": 0.10}))
     r = run_auto(tmp_path, "logger=none", "contract.warmup_steps=1", "contract.window=[2,6]",
-                 "train.micro_batch_size=2,16", "repeat=auto", "compare.max_repeats=4",
+                 "model.num_layers=1,8", "repeat=auto", "compare.max_repeats=4",
                  f"compare.noise_file={tmp_path / 'noise.json'}")
     assert r.returncode == 0, r.stderr[-3000:]
     rec = json.loads((tmp_path / "multi" / sequential.SEQUENTIAL_FILE).read_text())
-    assert rec["verdict"] == stats.SLOWER, json.dumps(rec["rounds"])
+    assert rec["verdict"] == stats.SLOWER and rec["metric"] == contract.STEP_TIME, json.dumps(rec["rounds"])
     assert rec["design"]["noise_floor"]["source"] == "measured"
     used = rec["runs_used"]
     assert set(used.values()) <= {1, 2, 3, 4} and len(set(used.values())) == 1, used

@@ -63,6 +63,7 @@ class Comparison:
     walls: dict[str, dict[str, Any]] = field(default_factory=dict)  # arm -> profiles.moved(), when profiled
     notes: list[str] = field(default_factory=list)
     noise: dict[str, noises.Floor] = field(default_factory=dict)  # arm -> the run-to-run noise its verdict used
+    metric: str = contracts.STEP_TIME  # what the verdicts judge (contracts.measure): step time, or tokens/s/GPU
 
 
 def declared_floor(members: list[Run], noise_floor: float | None) -> float:
@@ -125,6 +126,13 @@ def _effect(comp: Comparison, name: str, mode: str, noise: noises.Floor | None,
     return effect
 
 
+def _per_token(run: Run, work: contracts.Work) -> Run:
+    """``run`` as the time-per-token test reads it: every step's time over the tokens one GPU trains a step."""
+    res = dict(run.results)
+    res["step_times_ms"] = [t / work.tokens_per_gpu for t in run.results["step_times_ms"]]
+    return dataclasses.replace(run, results=res)
+
+
 def _walls(comp: Comparison, name: str, floor: float, warn: Warn) -> None:
     """Which wall moved from arm ``name`` to the baseline, when every run of both arms has a profile: a note."""
     arms = [[profiles.read(r.path, warn) for r in comp.arms[arm]] for arm in (comp.baseline, name)]
@@ -167,7 +175,15 @@ def compare(runs: list[Run], variables: list[str] | None = None, baseline: str |
         if len(arms) < 2:
             continue
         names = list(arms)  # in run order: the sweep's first value is the baseline unless --baseline says
-        comp = Comparison(variables, key, arms, baseline if baseline in arms else names[0])
+        works = {name: contracts.Work.of(rs[0].results["contract"]) for name, rs in arms.items()}
+        metric = contracts.measure(list(works.values()), variables, names)
+        if metric == contracts.THROUGHPUT:  # judged on time per token: each arm's steps over its tokens per GPU
+            arms = {name: [_per_token(r, works[name]) for r in rs] for name, rs in arms.items()}
+        comp = Comparison(variables, key, arms, baseline if baseline in arms else names[0], metric=metric)
+        if metric == contracts.THROUGHPUT:
+            comp.notes.append("judged on tokens/s/GPU: the design varies the work a step ("
+                              + ", ".join(f"{n}: {w.tokens_per_gpu:g} tokens/GPU" for n, w in works.items())
+                              + "); the test ran on time per token (ms per token per GPU), its reciprocal")
         if all(len(rs) >= 2 for rs in arms.values()):
             mode, floor = noises.REPEATS, None
         elif noise is not None and noise_floor is None:
@@ -199,6 +215,9 @@ def compare(runs: list[Run], variables: list[str] | None = None, baseline: str |
         out.append(comp)
     if not out:
         a, b = runs[0], next((r for r in runs[1:] if _arm_name(r, variables) != _arm_name(runs[0], variables)), runs[1])
+        # arms that train different work a step are told so, with the fix (the one rule: contracts.measure)
+        contracts.measure([contracts.Work.of(r.results["contract"]) for r in (a, b)], variables,
+                          [_arm_name(r, variables) for r in (a, b)])
         diff = [d for d in contracts.diff(contracts.excluding(a.results["contract"], variables),
                                          contracts.excluding(b.results["contract"], variables))]
         shown = "\n  ".join(f"{k}: {va!r} vs {vb!r}" for k, va, vb in diff[:20]) or "(identical contracts, one arm)"

@@ -4,8 +4,10 @@ are text, never markup: rich's markup is escaped, and matplotlib's mathtext ``$`
 
 ``compare.json`` (``compare_version`` 1): ``pairs``, one per candidate arm against its baseline: ``variable`` (the
 variables, comma-separated), ``variables``, ``contract_hash``, ``arms`` ([baseline, candidate]), ``runs``
-(per arm), ``mean_ms`` (per arm), ``unit``, ``verdict`` (faster, slower, equivalent, undecided, or "none: ..."),
-``relative_difference`` (step time, B / A - 1), ``ci`` (95 %), ``p_value``, ``df``, ``mde``, ``tokens_per_s``
+(per arm), ``metric`` (what is judged: ``step_time_ms``, or ``tokens_per_s_per_gpu`` when the design varies the
+work a step: :func:`moe_hydra.core.contract.measure`), ``judged_as`` (step time, or time per token), ``mean_ms``
+(per arm, of what was judged), ``unit``, ``verdict`` (faster, slower, equivalent, undecided, or "none: ..."),
+``relative_difference`` (of what was judged, B / A - 1), ``ci`` (95 %), ``p_value``, ``df``, ``mde``, ``tokens_per_s``
 (``relative``, ``ci``), ``equivalence`` (``margin``, ``p_value``, ``ci90``; null when not tested), ``noise_floor``
 (``value``, ``source``: measured / repeats / declared / --noise-floor, and for a measured one ``file``,
 ``interval``, ``df``); ``notes``; ``skipped``; ``sequential`` (the sweep's repeat=auto record, when there is one).
@@ -98,8 +100,10 @@ def table(comps: list[Comparison]):
     for c in comps:
         for name, e in c.effects.items():
             color = {"faster": "green", "slower": "red", "equivalent": "cyan"}.get(e.verdict, "yellow")
-            t.add_row(escape(", ".join(c.variables)), escape(f"{c.baseline} ({e.mean_a_ms:.2f} ms, n={e.n_a})"),
-                      escape(f"{name} ({e.mean_b_ms:.2f} ms, n={e.n_b})"), e.unit, pct(e.rel_step_time),
+            unit = "ms/token" if c.metric == "tokens_per_s_per_gpu" else "ms"  # the figure the test read
+            per = " per token" if unit == "ms/token" else ""
+            t.add_row(escape(", ".join(c.variables)), escape(f"{c.baseline} ({e.mean_a_ms:.4g} {unit}, n={e.n_a})"),
+                      escape(f"{name} ({e.mean_b_ms:.4g} {unit}, n={e.n_b})"), e.unit, pct(e.rel_step_time) + per,
                       escape(f"[{pct(e.ci_low)}, {pct(e.ci_high)}]"), pct(e.rel_tokens_per_s), f"{e.mde:.2%}",
                       escape(_noise(c, name, interval=False)), f"[{color}]{escape(verdict_text(e))}")
     return t
@@ -113,6 +117,7 @@ def pairs(comps: list[Comparison]) -> list[dict[str, Any]]:
             floor = c.noise.get(name)
             out.append({
                 "variable": ", ".join(c.variables), "variables": list(c.variables), "contract_hash": c.contract_hash,
+                "metric": c.metric, "judged_as": "time per token" if c.metric == "tokens_per_s_per_gpu" else "step time",
                 "arms": [c.baseline, name], "runs": {c.baseline: len(c.arms[c.baseline]), name: len(c.arms[name])},
                 "mean_ms": {c.baseline: e.mean_a_ms, name: e.mean_b_ms}, "unit": e.unit, "verdict": e.verdict,
                 "relative_difference": e.rel_step_time, "ci": [e.ci_low, e.ci_high], "confidence": 0.95,

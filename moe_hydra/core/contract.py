@@ -117,6 +117,73 @@ def hashes(contract: dict[str, Any], swept: list[str]) -> dict[str, str]:
     return {"contract_hash": digest(excluding(contract, swept)), "contract_full_hash": digest(contract)}
 
 
+# --------------------------------------------------------------------------- like with like
+
+STEP_TIME = "step_time_ms"  # the figure arms that do the same work a step are compared on
+THROUGHPUT = "tokens_per_s_per_gpu"  # ... and arms whose design varies the work a step on purpose
+# Overrides that set the work of a step: sweeping one of them varies it on purpose (a batch or a scaling study)
+WORK_KEYS = ("train.global_batch_size", "train.seq_length", "hardware.nodes", "hardware.devices_per_node")
+
+
+@dataclasses.dataclass(frozen=True)
+class Work:
+    """What one step of an arm trains: its tokens on its GPUs; ``batch_unit`` (micro batch x data-parallel size) is
+    what its global batch must be a multiple of."""
+
+    tokens_per_step: int
+    gpus: int
+    batch_unit: int
+
+    @property
+    def tokens_per_gpu(self) -> float:
+        return self.tokens_per_step / self.gpus
+
+    @classmethod
+    def of_resolved(cls, r: Any) -> Work:
+        """The work of a resolved plan (:class:`~moe_hydra.core.resolved.Resolved`), before anything runs."""
+        return cls(r.batch.tokens_per_step, r.layout.world_size,
+                   r.batch.micro_batch_size * r.layout.to_megatron()["data_parallel_size"])
+
+    @classmethod
+    def of(cls, contract: dict[str, Any]) -> Work | None:
+        """The work of a contract (its ``train`` and ``parallel`` sections, its ``hardware``); None when it does
+        not say (a contract written by hand, without the batch or the hardware)."""
+        try:
+            train, hw, par = contract["train"], contract["hardware"], contract.get("parallel") or {}
+            return cls(int(train["global_batch_size"]) * int(train["seq_length"]),
+                       int(hw["nodes"]) * int(hw["devices_per_node"]),
+                       int(train["micro_batch_size"]) * int(par.get("data_parallel_size") or 1))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+
+
+def measure(works: list[Work | None], variables: list[str], labels: list[str] | None = None) -> str:
+    """The figure arms doing ``works`` (the baseline's first) may be compared on, with ``variables`` the override
+    keys their design varies: :data:`STEP_TIME` when every arm trains the same tokens a step on as many GPUs;
+    :data:`THROUGHPUT` when they do not and a variable is one that sets the work (:data:`WORK_KEYS`: the design
+    varies it on purpose) -- judged as time per token, its reciprocal, so that faster stays lower. The one place
+    this is decided: compare, repeat=auto and the layout screening ask it before they judge anything.
+
+    Raises:
+        Refused: the arms do different work a step and no variable says it is the point (a micro batch swept with
+            the global batch following it): step times would compare unlike things; the fix fixes the batch.
+    """
+    labels = labels or [f"arm {i}" for i in range(len(works))]
+    known = [(w, name) for w, name in zip(works, labels) if w is not None]  # None: the contract does not say
+    works, labels = [w for w, _ in known], [name for _, name in known]
+    if len({(w.tokens_per_step, w.gpus) for w in works}) <= 1:
+        return STEP_TIME
+    if any(v.lstrip("+~") in WORK_KEYS for v in variables):
+        return THROUGHPUT
+    shown = "; ".join(f"{name}: {w.tokens_per_step} tokens on {w.gpus} GPU{'s' * (w.gpus > 1)}"
+                      for name, w in zip(labels, works))
+    gbs = math.lcm(*(w.batch_unit for w in works))
+    raise Refused(f"the arms train different work a step ({shown}): their step times measure different things, and "
+                  f"tokens/s/GPU would credit the batch, not {', '.join(variables) or 'the variable'}. Fix the work a "
+                  f"step: train.global_batch_size={gbs} (a multiple of every arm's micro batch x data-parallel size), "
+                  f"or sweep train.global_batch_size itself to judge tokens/s/GPU")
+
+
 # --------------------------------------------------------------------------- data (data.kind=megatron)
 
 # Megatron-Core's indexed dataset (megatron/core/datasets/indexed_dataset.py): <prefix>.idx starts with this magic,

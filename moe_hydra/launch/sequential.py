@@ -1,8 +1,10 @@
 """``repeat=auto``: a sequential A/B that launches rounds of runs until the comparison is decided.
 
-    python -m moe_hydra train.micro_batch_size=4,5 repeat=auto -m [compare.max_repeats=8] [compare.noise_file=F]
+    python -m moe_hydra train.global_batch_size=8 train.micro_batch_size=4,8 repeat=auto [compare.max_repeats=8] \
+        [compare.noise_file=F]
 
-The arms are the sweep's points (here ``train.micro_batch_size=4`` and ``=5``; the first is the baseline). Each
+The arms are the sweep's points (here ``train.micro_batch_size=4`` and ``=8`` at one global batch; the first is the
+baseline). Each
 round launches one run of every undecided arm (``repeat=<round>``, job numbers continuing the sweep's, the arms'
 order alternating between rounds so that neither always runs first) through the configured launcher, as the
 sweep's own points (the local launcher, or Slurm), then looks: every candidate against the baseline with the
@@ -30,6 +32,11 @@ command again, once it has run (``python -m moe_hydra.sweep wait DIR``), keeps t
 launcher keeps complete points), looks, and queues the next round or stops. Locally (and attached on Slurm) one
 command runs the rounds to the end.
 
+Like with like: before the first round, the arms' resolved plans say what a step of each trains
+(``sweeper.work``), and :func:`moe_hydra.core.contract.measure` decides the figure: step time when the work is the
+same; tokens/s/GPU (tested as time per token) when the design varies it on purpose (``train.global_batch_size``
+swept, ...); otherwise the sweep is refused with the fix (a micro batch swept while the global batch follows it).
+
 The sweeper calls :func:`drive` (``hydra/sweeper=points``); ``repeat`` is an integer in the schema, so the command
 line's ``repeat=auto`` becomes ``compare.sequential=true`` before Hydra composes anything (:func:`normalize`).
 """
@@ -38,6 +45,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +54,7 @@ from omegaconf import DictConfig, OmegaConf
 from moe_hydra.analysis import noise as noises
 from moe_hydra.analysis.compare import SEQUENTIAL_FILE
 from moe_hydra.core import bounds, io, results, stats
+from moe_hydra.core import contract as contracts
 from moe_hydra.core.errors import Refused
 from moe_hydra.launch import outcome
 
@@ -119,8 +128,10 @@ def design_of(config: DictConfig, warn=log.warning) -> tuple[stats.Design, dict[
     return design, info
 
 
-def _run_stat(ret: Any) -> tuple[stats.RunStat | None, str | None, float | None]:
-    """(the run as the test reads it, its directory, its window's mean) of a settled point; None when incomplete."""
+def _run_stat(ret: Any, tokens_per_gpu: float | None = None
+              ) -> tuple[stats.RunStat | None, str | None, float | None]:
+    """(the run as the test reads it, its directory, its window's mean step time) of a settled point; None when
+    incomplete. ``tokens_per_gpu``: the test reads time per token (each step's time over its tokens per GPU)."""
     point_dir = outcome.output_dir(ret)
     res = outcome.complete_results(point_dir) if point_dir else None
     if not res:
@@ -128,8 +139,9 @@ def _run_stat(ret: Any) -> tuple[stats.RunStat | None, str | None, float | None]
     measured = results.measured_window(res)
     if measured is None:
         return None, str(point_dir), None
-    run = stats.RunStat.of(res["step_times_ms"][measured[0] - 1:measured[1]])
-    return run, str(point_dir), run.mean
+    steps = res["step_times_ms"][measured[0] - 1:measured[1]]
+    run = stats.RunStat.of([t / tokens_per_gpu for t in steps] if tokens_per_gpu else steps)
+    return run, str(point_dir), statistics.fmean(steps)
 
 
 def drive(sweeper: Any, overrides: list) -> list[list[Any]]:
@@ -163,11 +175,16 @@ def drive(sweeper: Any, overrides: list) -> list[list[Any]]:
     design, info = design_of(config)
     common = set.intersection(*(set(a) for a in arms))
     labels = [_arm_label(a, common) for a in arms]
+    try:  # like with like, before anything is launched
+        metric, per_gpu = _measure(sweeper, arms, labels, common)
+    except Refused as e:
+        return refused(f"{e}. Nothing was launched.")
     runs: list[list[stats.RunStat | None]] = [[] for _ in arms]
     decided: dict[int, list[stats.Look]] = {}
     looks_of: dict[int, list[stats.Look]] = {}
     record: dict[str, Any] = {"sequential_version": SEQUENTIAL_VERSION, "status": "running",
                               "design": {**design.as_dict(), **info}, "arms": labels, "baseline": labels[0],
+                              "metric": metric, "tokens_per_step_per_gpu": per_gpu,
                               "rounds": [], "pairs": [], "runs_used": {}}
     returns: list[list[Any]] = []
     num = 0
@@ -188,7 +205,7 @@ def drive(sweeper: Any, overrides: list) -> list[list[Any]]:
         for i in range(len(arms)):
             runs[i].append(None)
         for i, ret, st_ in zip(order, rets, states):
-            run, point_dir, mean = _run_stat(ret)
+            run, point_dir, mean = _run_stat(ret, per_gpu[i] if metric == contracts.THROUGHPUT else None)
             runs[i][r] = run
             points.append({"num": num - len(batch) + order.index(i), "arm": labels[i], "dir": point_dir,
                            "state": st_, "mean_ms": mean})
@@ -215,33 +232,65 @@ def drive(sweeper: Any, overrides: list) -> list[list[Any]]:
             if looks and looks[-1].look == r + 1:
                 entry["looks"][labels[j]] = looks[-1].as_dict()
                 lk = looks[-1]
-                log.info("repeat=auto round %d: %s vs %s: %+.2f%% [%+.2f%%, %+.2f%%] (t %.2f, bound %.2f%s) -> %s",
-                         r + 1, labels[j], labels[0], 100 * lk.rel_step_time, 100 * lk.ci_low, 100 * lk.ci_high,
+                log.info("repeat=auto round %d: %s vs %s: %s %+.2f%% [%+.2f%%, %+.2f%%] (t %.2f, bound %.2f%s) -> %s",
+                         r + 1, labels[j], labels[0], _TESTED[metric], 100 * lk.rel_step_time, 100 * lk.ci_low,
+                         100 * lk.ci_high,
                          lk.t, lk.bound, f", equivalence bound {lk.eq_bound:.2f}" if lk.eq_bound else "", lk.verdict)
             if stats.decided(looks, design) and looks[-1].verdict != stats.UNDECIDED:
                 decided[j] = looks
         if len(decided) == len(arms) - 1:
             record["status"] = "decided"
             break
-        record["pairs"] = _pairs(labels, looks_of, runs)
+        record["pairs"] = _pairs(labels, looks_of, runs, metric)
         _write(sweep_dir, record, runs, labels)
     else:
         record["status"] = "undecided at the cap (compare.max_repeats)"
-    record["pairs"] = _pairs(labels, looks_of, runs)
+    record["pairs"] = _pairs(labels, looks_of, runs, metric)
     _write(sweep_dir, record, runs, labels)
     _report(record, sweep_dir)
     return returns
 
 
-def _pairs(labels: list[str], looks_of: dict[int, list[stats.Look]], runs: list[list]) -> list[dict[str, Any]]:
+def _measure(sweeper: Any, arms: list[list[str]], labels: list[str], common: set[str]
+             ) -> tuple[str, list[float | None]]:
+    """(the figure the arms are judged on, each arm's tokens a step per GPU): :func:`moe_hydra.core.contract.measure`
+    over the work of the arms' resolved plans (``sweeper.work``; an arm that does not plan is left out: its point is
+    refused when launched).
+
+    Raises:
+        Refused: the arms do different work a step and the design does not vary it on purpose.
+    """
+    works = [sweeper.work(arm) for arm in arms]
+    variables = sorted({o.split("=", 1)[0].lstrip("+~") for arm in arms for o in arm if o not in common})
+    metric = contracts.measure(works, variables, labels)
+    return metric, [w.tokens_per_gpu if w else None for w in works]
+
+
+# what the sequential test runs on, per figure: the figure itself, or its reciprocal (lower stays better)
+_TESTED = {contracts.STEP_TIME: "step time", contracts.THROUGHPUT: "time per token (1 / tokens/s/GPU)"}
+
+
+def _pairs(labels: list[str], looks_of: dict[int, list[stats.Look]], runs: list[list],
+           metric: str = contracts.STEP_TIME) -> list[dict[str, Any]]:
+    """Each candidate against the baseline: the verdict and the change with its repeated 95 % interval, in the
+    figure judged (``metric``): step time, or tokens/s/GPU (the test ran on time per token; the interval is turned
+    into tokens/s/GPU, ``rel_tokens_per_s_per_gpu``)."""
     out = []
     for j in range(1, len(labels)):
         looks = looks_of.get(j) or []
         last = looks[-1] if looks else None
-        out.append({"baseline": labels[0], "candidate": labels[j],
-                    "verdict": last.verdict if last else stats.UNDECIDED,
-                    "rel_step_time": last.rel_step_time if last else None,
-                    "ci": [last.ci_low, last.ci_high] if last else None,
+        change: dict[str, Any] = {"rel_step_time": None, "ci": None}
+        if last and metric == contracts.STEP_TIME:
+            change = {"rel_step_time": last.rel_step_time, "ci": [last.ci_low, last.ci_high]}
+        elif last:
+            def tps(rel: float) -> float:
+                return 1 / (1 + rel) - 1 if rel > -1 else math.inf
+
+            change = {"rel_step_time": None, "rel_time_per_token": last.rel_step_time,
+                      "rel_tokens_per_s_per_gpu": tps(last.rel_step_time),
+                      "ci": [tps(last.ci_high), tps(last.ci_low)]}
+        out.append({"baseline": labels[0], "candidate": labels[j], "metric": metric,
+                    "verdict": last.verdict if last else stats.UNDECIDED, **change,
                     "looks": len(looks), "decided_at_round": last.look if last and last.verdict != stats.UNDECIDED
                     else None,
                     "runs": {labels[0]: sum(x is not None for x in runs[0]),
@@ -261,8 +310,15 @@ def _report(record: dict[str, Any], sweep_dir: Path) -> None:
              + ", ".join(f"{k}: {v}" for k, v in record["runs_used"].items())]
     for p in record["pairs"]:
         ci = p["ci"]
+        throughput = p.get("metric") == contracts.THROUGHPUT
+        rel = p.get("rel_tokens_per_s_per_gpu") if throughput else p["rel_step_time"]
         lines.append(f"  {p['candidate']} vs {p['baseline']}: {p['verdict']}"
-                     + (f", step time {p['rel_step_time']:+.2%} [{ci[0]:+.2%}, {ci[1]:+.2%}] (repeated 95% CI)"
-                        if ci and all(x is not None and math.isfinite(x) for x in ci) else ""))
+                     + (f", {'tokens/s/GPU' if throughput else 'step time'} {rel:+.2%} [{ci[0]:+.2%}, {ci[1]:+.2%}] "
+                        "(repeated 95% CI)" if ci and all(x is not None and math.isfinite(x) for x in ci) else ""))
+    if record.get("metric") == contracts.THROUGHPUT:
+        lines.append("  judged on tokens/s/GPU: the design varies the work a step ("
+                     + ", ".join(f"{a}: {w:g} tokens/GPU" for a, w in zip(record["arms"],
+                                                                         record["tokens_per_step_per_gpu"]) if w)
+                     + "); the test ran on time per token")
     lines.append(f"  {sweep_dir / SEQUENTIAL_FILE}")
     io.console().print("\n".join(lines), markup=False, highlight=False)

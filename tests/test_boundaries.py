@@ -1,0 +1,201 @@
+"""Where moe_hydra meets what it does not control: the directories it writes into, an install without torch, files
+written for another command, Ctrl-C. Each case is refused (exit 2) or stopped (128 + n) with one message, no
+traceback, and nothing of anyone else's lost."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from moe_hydra.commands import COMMANDS
+from moe_hydra.launch import directories
+from tests.conftest import run_cli
+
+# A planner-only install, as `pip install moe_hydra` leaves it: torch and Megatron-Core cannot be found (a finder put
+# first on sys.path's meta path by a sitecustomize answers "no such module" for them).
+NO_TORCH = '''import sys
+class _NotInstalled:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "megatron"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, _NotInstalled())
+'''
+
+
+@pytest.fixture
+def planner_only(tmp_path) -> dict[str, str]:
+    site = tmp_path / "planner_only"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(NO_TORCH)
+    return {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+
+
+def quiet(r: subprocess.CompletedProcess) -> bool:
+    return "Traceback" not in r.stdout + r.stderr
+
+
+# ----------------------------------------------------------------------------- run and sweep directories
+
+def test_a_run_directory_another_command_holds_is_refused_and_left_as_it_was(tmp_path):
+    run_dir = tmp_path / "run"
+    first = run_cli(f"hydra.run.dir={run_dir}", "stage=plan", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    with open(run_dir / directories.RUN_LOCK, "a") as lock:  # what a running command holds
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        r = run_cli(f"hydra.run.dir={run_dir}", "stage=plan", cwd=tmp_path)  # the same command, even
+    assert r.returncode == 2 and quiet(r), r.stderr[-2000:]
+    assert f"another command is running in {run_dir}" in r.stderr and "hydra.run.dir=<dir>" in r.stderr
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before  # .hydra/ included
+
+
+def test_a_run_directory_holds_one_command_and_the_same_command_again_replaces_its_outcome(tmp_path):
+    args = [f"hydra.run.dir={tmp_path}/run", "stage=plan"]
+    assert run_cli(*args, cwd=tmp_path).returncode == 0
+    plan = (tmp_path / "run" / "plan.json").read_text()
+    r = run_cli(*args, "model=qwen3_30b_a3b", "hardware=h100_sxm", cwd=tmp_path)
+    assert r.returncode == 2 and quiet(r), r.stderr[-2000:]
+    assert "holds plan.json" in r.stderr and "of another command (stage=plan)" in r.stderr
+    assert (tmp_path / "run" / "plan.json").read_text() == plan
+    again = run_cli(*args, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-2000:]
+
+
+def test_time_named_directories_are_new_for_each_command_started_in_the_same_second(tmp_path):
+    named = f"hydra.run.dir={tmp_path}/runs/" + "${now:%Y-%m-%d}"  # one per day: every command here shares the name
+    made = []
+    for _ in range(2):
+        r = run_cli(named, "stage=plan", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-2000:]
+        made.append(sorted(p.name for p in (tmp_path / "runs").iterdir()))
+    day = made[0][0]
+    assert made == [[day], [day, f"{day}_1"]]
+    assert json.loads((tmp_path / "runs" / f"{day}_1" / "plan.json").read_text())["world_size"] == 1
+
+
+def test_fresh_gives_each_caller_its_own_directory(tmp_path):
+    got = [directories.fresh(tmp_path / "a" / "12-00-00", "hydra.run.dir") for _ in range(3)]
+    assert [p.name for p in got] == ["12-00-00", "12-00-00_1", "12-00-00_2"] and all(p.is_dir() for p in got)
+
+
+@pytest.mark.parametrize("key, extra", [("hydra.run.dir", []), ("hydra.sweep.dir", ["dispatcher=alltoall,allgather",
+                                                                                    "-m"])])
+def test_a_directory_that_is_a_file_is_refused_naming_it(tmp_path, key, extra):
+    occupied = tmp_path / "occupied"
+    occupied.write_text("someone's file\n")
+    r = run_cli(f"{key}={occupied}", "stage=plan", *extra, cwd=tmp_path)
+    assert r.returncode == 2 and quiet(r), r.stdout[-2000:] + r.stderr[-2000:]
+    assert f"{occupied} is a file, not a directory" in r.stdout + r.stderr and f"{key}=<dir>" in r.stdout + r.stderr
+    assert occupied.read_text() == "someone's file\n"
+
+
+# ----------------------------------------------------------------------------- the planner-only install
+
+def test_the_planner_only_install_plans_and_refuses_what_needs_torch_before_the_plan(tmp_path, planner_only):
+    planned = run_cli(f"hydra.run.dir={tmp_path}/plan", "stage=plan", cwd=tmp_path, env=planner_only)
+    assert planned.returncode == 0, planned.stderr[-2000:]
+    for stage in ("run", "fit"):
+        r = run_cli(f"hydra.run.dir={tmp_path}/{stage}", f"stage={stage}", "logger=none", cwd=tmp_path,
+                    env=planner_only)
+        assert r.returncode == 2 and quiet(r), r.stdout[-2000:] + r.stderr[-2000:]
+        assert "[H09]" in r.stderr and "moe_hydra[train]" in r.stderr and "stage=plan" in r.stderr
+        assert not (tmp_path / stage / "plan.json").exists() and "plan written" not in r.stdout + r.stderr
+
+
+def test_a_torch_that_fails_to_import_is_refused_in_one_line(tmp_path):
+    fake = tmp_path / "fake"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text('raise ImportError("No module named torch")\n')
+    r = run_cli(f"hydra.run.dir={tmp_path}/run", "logger=none", cwd=tmp_path, env={"PYTHONPATH": str(fake)})
+    assert r.returncode == 2 and quiet(r), r.stdout[-3000:] + r.stderr[-3000:]
+    assert "torch cannot be imported here" in r.stderr and "moe_hydra[train]" in r.stderr
+
+
+def test_data_prepare_without_megatron_says_what_to_install(tmp_path, planner_only):
+    (tmp_path / "a.txt").write_text("some text\n")
+    r = subprocess.run([sys.executable, "-m", "moe_hydra.data", "prepare", "--out", str(tmp_path / "d"),
+                        str(tmp_path / "a.txt")], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, **planner_only})
+    assert r.returncode == 2 and quiet(r) and "moe_hydra[train]" in r.stderr, r.stderr
+    assert not list(tmp_path.glob("d*"))
+
+
+# ----------------------------------------------------------------------------- data prepare's prefix and files
+
+def prepare(tmp_path: Path, out: str) -> subprocess.CompletedProcess:
+    text = tmp_path / "in.txt"
+    text.write_text("hello world\n\nsecond paragraph\n")
+    return subprocess.run([sys.executable, "-m", "moe_hydra.data", "prepare", "--out", out, str(text)],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+
+
+@pytest.mark.parametrize("out", ["", " ", "{tmp}/dir/", "{tmp}", ".", "{tmp}/.."])
+def test_data_prepare_refuses_an_out_that_is_not_a_prefix(tmp_path, out):
+    before = sorted(p.name for p in tmp_path.iterdir())
+    r = prepare(tmp_path, out.format(tmp=tmp_path))
+    assert r.returncode == 2 and quiet(r), r.stderr
+    assert "--out" in r.stderr and ("prefix" in r.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted({*before, "in.txt"})
+
+
+def test_an_interrupted_prepare_leaves_the_old_dataset_whole(tmp_path, monkeypatch):
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    from moe_hydra.job import data
+
+    (tmp_path / "old.txt").write_text("the old text\n")
+    (tmp_path / "new.txt").write_text("a new, longer text\n" * 50)
+    prefix = tmp_path / "ds" / "corpus"
+    data.prepare([str(tmp_path / "old.txt")], str(prefix))
+    old = {p.name: p.read_bytes() for p in prefix.parent.iterdir()}
+
+    def ctrl_c(self, *args, **kwargs):  # halfway: the new .bin is open and has not been finalized
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(IndexedDatasetBuilder, "add_document", ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        data.prepare([str(tmp_path / "new.txt")], str(prefix))
+    assert {p.name: p.read_bytes() for p in prefix.parent.iterdir()} == old  # no partial file, the old one whole
+    monkeypatch.undo()
+    data.prepare([str(tmp_path / "new.txt")], str(prefix))
+    assert sorted(p.name for p in prefix.parent.iterdir()) == ["corpus.bin", "corpus.idx", "corpus.tokenizer.json"]
+    assert (prefix.parent / "corpus.bin").stat().st_size > len(old["corpus.bin"])
+
+
+# ----------------------------------------------------------------------------- Ctrl-C
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_ctrl_c_in_any_command_ends_it_quietly(tmp_path, name):
+    """SIGINT while the command imports and starts (its modules, Hydra, the parsing): 130 with one line, or the
+    command's own ending when it finished first; never a traceback."""
+    argv = {"run": ["stage=plan", f"hydra.run.dir={tmp_path}/run"], "sweep": ["status", str(tmp_path)],
+            "export": ["megatron-lm", str(tmp_path)], "ingest": ["megatron-lm", "--", "--num-layers", "2"],
+            "data": ["prepare", "--out", str(tmp_path / "d"), str(tmp_path / "missing.txt")]}.get(name, [str(tmp_path)])
+    proc = subprocess.Popen([sys.executable, "-m", "moe_hydra" if name == "run" else f"moe_hydra.{name}", *argv],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.4)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert "Traceback" not in out + err, (name, err[-3000:])
+    assert proc.returncode in (0, 1, 2, 130), (name, proc.returncode, err[-2000:])
+    if proc.returncode == 130:
+        assert err.strip().splitlines()[-1].endswith("interrupted"), err[-500:]
+
+
+# ----------------------------------------------------------------------------- like with like
+
+def test_repeat_auto_over_arms_of_different_work_is_refused_before_a_round(tmp_path):
+    """The README's own example once decided "equivalent" between 512 and 640 tokens a step."""
+    r = run_cli(f"hydra.sweep.dir={tmp_path}/ab", "logger=none", "train.micro_batch_size=4,5", "repeat=auto",
+                "compare.max_repeats=2", cwd=tmp_path)
+    assert r.returncode == 2 and quiet(r), r.stdout[-2000:] + r.stderr[-2000:]
+    assert "train different work a step" in r.stderr and "train.global_batch_size=20" in r.stderr
+    assert sorted(p.name for p in (tmp_path / "ab").iterdir()) == [".sweep.lock", "multirun.yaml"]  # no point, no round

@@ -81,6 +81,18 @@ def test_time_named_directories_are_new_for_each_command_started_in_the_same_sec
     assert json.loads((tmp_path / "runs" / f"{day}_1" / "plan.json").read_text())["world_size"] == 1
 
 
+def test_a_time_named_sweep_directory_is_new_for_each_sweep_and_its_points_land_there(tmp_path):
+    named = f"hydra.sweep.dir={tmp_path}/sweeps/" + "${now:%Y-%m-%d}"
+    for _ in range(2):
+        r = run_cli(named, "stage=plan", "dispatcher=alltoall,allgather", "-m", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-2000:]
+    day = sorted(p.name for p in (tmp_path / "sweeps").iterdir())
+    assert len(day) == 2 and day[1] == f"{day[0]}_1"
+    for d in day:  # each sweep's points in its own directory, none in the other's
+        assert sorted(p.name for p in (tmp_path / "sweeps" / d).iterdir() if p.name.isdigit()) == ["0", "1"]
+        assert all((tmp_path / "sweeps" / d / n / "plan.json").is_file() for n in ("0", "1"))
+
+
 def test_fresh_gives_each_caller_its_own_directory(tmp_path):
     got = [directories.fresh(tmp_path / "a" / "12-00-00", "hydra.run.dir") for _ in range(3)]
     assert [p.name for p in got] == ["12-00-00", "12-00-00_1", "12-00-00_2"] and all(p.is_dir() for p in got)

@@ -33,9 +33,13 @@ run: setup
 # (pytest's exit code 5) is not a failure. Each part prints its time; MOE_HYDRA_TEST_DURATIONS=FILE collects every
 # test's time per file (.ci/run prints the slowest files).
 JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))
+# The slurm and serial parts collect only the files that hold their marker (collecting every file imports torch and
+# Megatron-Core for each: ~10-25 s of the two cores); with ARGS, what ARGS names
+SLURM_FILES := $(if $(ARGS),,$(shell grep -l 'mark\.slurm' tests/test_*.py))
+SERIAL_FILES := $(if $(ARGS),,$(shell grep -l 'mark\.serial' tests/test_*.py))
 test: setup
 	@ok() { [ $$1 -eq 0 ] || [ $$1 -eq 5 ]; }; start=$$(date +%s); log=$$(mktemp); \
-	$(BIN)/python -m pytest -q -p no:xdist -m "slurm" --durations=15 $(ARGS) > $$log 2>&1 & slurm=$$!; \
+	$(BIN)/python -m pytest -q -p no:xdist -m "slurm" --durations=15 $(ARGS) $(SLURM_FILES) > $$log 2>&1 & slurm=$$!; \
 	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile --no-loadscope-reorder -m "not serial and not slurm" \
 	  --durations=25 $(ARGS); rc=$$?; \
 	echo "make test: parallel part: $$(( $$(date +%s) - start )) s"; \
@@ -43,7 +47,7 @@ test: setup
 	echo "make test: slurm part: $$(( $$(date +%s) - start )) s from the start"; \
 	ok $$rc || exit $$rc; ok $$src || exit $$src; \
 	start=$$(date +%s); \
-	$(BIN)/python -m pytest -q -m "serial and not slurm" --durations=15 $(ARGS); rc=$$?; \
+	$(BIN)/python -m pytest -q -m "serial and not slurm" --durations=15 $(ARGS) $(SERIAL_FILES); rc=$$?; \
 	echo "make test: serial part: $$(( $$(date +%s) - start )) s"; \
 	ok $$rc || exit $$rc
 

@@ -19,7 +19,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from moe_hydra.core import io, stats
+from moe_hydra.core import contract, io, stats
 
 Comparison = Any  # moe_hydra.analysis.compare.Comparison (not imported: compare imports this module)
 COMPARE_VERSION = 1
@@ -100,8 +100,8 @@ def table(comps: list[Comparison]):
     for c in comps:
         for name, e in c.effects.items():
             color = {"faster": "green", "slower": "red", "equivalent": "cyan"}.get(e.verdict, "yellow")
-            unit = "ms/token" if c.metric == "tokens_per_s_per_gpu" else "ms"  # the figure the test read
-            per = " per token" if unit == "ms/token" else ""
+            per_token = c.metric == contract.THROUGHPUT  # the test read time per token
+            unit, per = ("ms/token", " per token") if per_token else ("ms", "")
             t.add_row(escape(", ".join(c.variables)), escape(f"{c.baseline} ({e.mean_a_ms:.4g} {unit}, n={e.n_a})"),
                       escape(f"{name} ({e.mean_b_ms:.4g} {unit}, n={e.n_b})"), e.unit, pct(e.rel_step_time) + per,
                       escape(f"[{pct(e.ci_low)}, {pct(e.ci_high)}]"), pct(e.rel_tokens_per_s), f"{e.mde:.2%}",
@@ -117,7 +117,7 @@ def pairs(comps: list[Comparison]) -> list[dict[str, Any]]:
             floor = c.noise.get(name)
             out.append({
                 "variable": ", ".join(c.variables), "variables": list(c.variables), "contract_hash": c.contract_hash,
-                "metric": c.metric, "judged_as": "time per token" if c.metric == "tokens_per_s_per_gpu" else "step time",
+                "metric": c.metric, "judged_as": "time per token" if c.metric == contract.THROUGHPUT else "step time",
                 "arms": [c.baseline, name], "runs": {c.baseline: len(c.arms[c.baseline]), name: len(c.arms[name])},
                 "mean_ms": {c.baseline: e.mean_a_ms, name: e.mean_b_ms}, "unit": e.unit, "verdict": e.verdict,
                 "relative_difference": e.rel_step_time, "ci": [e.ci_low, e.ci_high], "confidence": 0.95,

@@ -98,7 +98,7 @@ class Claim(Callback):
         from moe_hydra.launch import directories
 
         try:
-            run_dir = directories.pin(config, "hydra.run.dir", "hydra.run.dir")
+            run_dir = directories.pin(config, "hydra.run.dir")
             self.lock = directories.hold(run_dir, directories.RUN_LOCK, "hydra.run.dir")
             other = directories.other_run(run_dir, OmegaConf.to_container(config.hydra.overrides.task), OUTCOME_FILES)
             if other:

@@ -65,9 +65,9 @@ def fresh(path: Path, override: str) -> Path:
     raise Refused(f"{path}_1 .. _{MAX_SUFFIX - 1} all exist; choose a directory: {override}=<dir>")
 
 
-def pin(config: DictConfig, key: str, override: str) -> Path:
-    """The directory at ``key`` (``hydra.run.dir``, ``hydra.sweep.dir``) resolved once and written back into
-    ``config`` as a plain path: :func:`fresh` when its value is named by the time.
+def pin(config: DictConfig, key: str) -> Path:
+    """The directory at ``key`` (``hydra.run.dir``, ``hydra.sweep.dir``: the override a refusal names) resolved once
+    and written back into ``config`` as a plain path: :func:`fresh` when its value is named by the time.
 
     Raises:
         Refused: a time-named directory that cannot be made (:func:`fresh`).
@@ -77,7 +77,7 @@ def pin(config: DictConfig, key: str, override: str) -> Path:
     raw = str(OmegaConf.to_container(parent, resolve=False)[leaf])
     path = Path(str(OmegaConf.select(config, key)))
     if TIME_NAMED in raw:
-        path = fresh(path, override)
+        path = fresh(path, key)
     with read_write(parent), open_dict(parent):
         parent[leaf] = str(path)
     return path

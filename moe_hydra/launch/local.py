@@ -55,8 +55,8 @@ def _has(module: str) -> bool:
         return False
     if spec is None or not rest:
         return spec is not None
-    return any(Path(loc, *rest.split(".")).is_dir() or Path(loc, *rest.split(".")).with_suffix(".py").is_file()
-               for loc in spec.submodule_search_locations or [])
+    paths = [Path(loc, *rest.split(".")) for loc in spec.submodule_search_locations or []]
+    return any(p.is_dir() or p.with_suffix(".py").is_file() for p in paths)
 
 
 # What a job needs on the machine that builds it, beyond a planner-only install (pyproject's train extra)

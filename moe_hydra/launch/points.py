@@ -126,7 +126,7 @@ def claim(config: DictConfig) -> IO:
         Refused: another sweep runs in the directory, it holds another sweep's points, or it cannot be made or
             written; the message names ``hydra.sweep.dir``. Nothing in the directory is changed.
     """
-    sweep_dir = directories.pin(config, "hydra.sweep.dir", "hydra.sweep.dir")
+    sweep_dir = directories.pin(config, "hydra.sweep.dir")
     hydra_overrides = [o for o in OmegaConf.to_container(config.hydra.overrides.hydra)
                        if not o.lstrip("+~").startswith("hydra.sweep.dir=")]
     with read_write(config.hydra.overrides):

@@ -106,7 +106,7 @@ def main() -> None:
 
     print(f"repeat=auto, simulated at sigma_b {nz.relative:.2%}, sigma_w {nz.step_noise:.2%}, {n} steps, the noise "
           f"file pooled ({args.sims} campaigns each):")
-    margin = 2 * nz.run_mean_noise
+    margin = stats.EQUIVALENCE  # declared (compare.equivalence), never derived from the noise
     for cap in (6, 8):
         design = stats.Design(max_repeats=cap, margin=margin, noise=nz.relative, noise_df=max(nz.df, 1.0),
                               step_noise=nz.step_noise)
@@ -127,7 +127,8 @@ def main() -> None:
 
 def _auto(tmp: str, noise_file: Path) -> str:
     """One real repeat=auto campaign, MBS 4 vs 5, with the measured noise: its line."""
-    r = _sweep(tmp, "auto", "train.micro_batch_size=4,5", "repeat=auto", f"compare.noise_file={noise_file}", "-m")
+    r = _sweep(tmp, "auto", "train.global_batch_size=20", "train.micro_batch_size=4,5", "repeat=auto",
+               f"compare.noise_file={noise_file}", "-m")  # one global batch: the same tokens a step (like with like)
     seq = Path(tmp, "auto", "sequential.json")
     if r.returncode or not seq.exists():
         return f"repeat=auto (real, MBS 4 vs 5): did not run ({(r.stderr.strip().splitlines() or ['?'])[-1]})"

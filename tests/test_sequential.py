@@ -144,7 +144,7 @@ def test_drive_runs_rounds_until_a_verdict_and_writes_sequential_json(tmp_path):
     assert [first for first, _ in s.batches] == [2 * r for r in range(rounds)]
     assert s.batches[0][1][0][0] == "dispatcher=alltoall" and s.batches[1][1][0][0] == "dispatcher=allgather"
     assert all(p[-1] == f"repeat={r}" for r, (_, batch) in enumerate(s.batches) for p in batch)
-    assert rec["design"]["margin"] is None and "no equivalence test" in rec["design"]["margin_source"]
+    assert rec["design"]["margin"] == stats.EQUIVALENCE and "declared" in rec["design"]["margin_source"]
     last = rec["rounds"][-1]["looks"]["dispatcher=allgather"]
     assert last["verdict"] == stats.SLOWER and last["ci_low"] > 0 and last["bound"] > 0
 
@@ -158,9 +158,14 @@ def test_drive_with_a_measured_noise_looks_after_round_one_and_declares_equivale
     sequential.drive(s, _overrides("dispatcher=alltoall,allgather"))
     rec = json.loads((s.sweep_dir / sequential.SEQUENTIAL_FILE).read_text())
     assert rec["design"]["noise"] == 0.01 and rec["design"]["noise_floor"]["source"] == "measured"
-    assert rec["design"]["margin"] == pytest.approx(2 * (0.01**2 + 0.03**2 / 20) ** 0.5)
+    assert rec["design"]["margin"] == stats.EQUIVALENCE  # declared, whatever the noise
     assert "dispatcher=allgather" in rec["rounds"][0]["looks"]  # a look after the first round already
-    assert rec["verdict"] in (stats.EQUIVALENT, stats.UNDECIDED) and rec["verdict"] == stats.EQUIVALENT, rec
+    assert rec["verdict"] == stats.EQUIVALENT, rec
+    # the interval beside the verdict is the equivalence test's, inside the margin; narrower than the repeated 95 %
+    [pair] = rec["pairs"]
+    lo, hi = pair["verdict_ci"]
+    assert pair["verdict_ci"] == pair["equivalence_ci"] and -0.05 < lo < hi < 0.05
+    assert pair["ci"][0] < lo and hi < pair["ci"][1] and pair["runs_needed"] is None
 
 
 def test_a_design_that_varies_the_work_is_judged_on_tokens_per_s(tmp_path):
@@ -193,6 +198,26 @@ def test_drive_stops_at_the_cap_undecided(tmp_path):
     returns = sequential.drive(s, _overrides("dispatcher=alltoall,allgather"))
     rec = json.loads((s.sweep_dir / sequential.SEQUENTIAL_FILE).read_text())
     assert len(returns) == 3 and rec["status"].startswith("undecided at the cap") and rec["verdict"] == "undecided"
+    [pair] = rec["pairs"]  # says how many runs per arm would decide, when the difference is inside the margin
+    assert pair["verdict_ci"] == pair["ci"] and (pair["runs_needed"] is None or pair["runs_needed"] > 3)
+    assert pair["runs_needed"] == rec["rounds"][-1]["looks"]["dispatcher=allgather"]["runs_needed"]
+
+
+@pytest.mark.parametrize("kind", ["missing", "directory", "binary", "not a noise file"])
+def test_a_named_noise_file_that_cannot_be_read_refuses_the_sweep(tmp_path, capsys, kind):
+    """compare.noise_file named explicitly and bad: refused before round 1 (it used to warn and run 16 jobs)."""
+    path = {"missing": tmp_path / "nonexistent.json", "directory": tmp_path, "binary": tmp_path / "noise.bin",
+            "not a noise file": tmp_path / "other.json"}[kind]
+    if kind == "binary":
+        path.write_bytes(bytes(range(256)))
+    if kind == "not a noise file":
+        path.write_text(json.dumps({"source": "declared", "run_to_run_noise": 0.02}))
+    s = FakeSweeper(tmp_path, {"dispatcher=alltoall": 100.0, "dispatcher=allgather": 100.0}, sd_run=0.01,
+                    noise_file=str(path))
+    [[ret]] = sequential.drive(s, _overrides("dispatcher=alltoall,allgather"))
+    err = capsys.readouterr().err
+    assert outcome.state_of(ret) == "INVALID" and not s.batches, err
+    assert "compare.noise_file" in err and str(path) in err and "Nothing was launched" in err
 
 
 def test_drive_detached_queues_one_round_and_returns(tmp_path):

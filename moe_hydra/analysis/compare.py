@@ -13,8 +13,9 @@ the run means are tested against that (:func:`moe_hydra.core.stats.measured`); o
 hardware.run_to_run_noise (or --noise-floor), a floor: the window's steps are the samples and a difference counts
 only beyond it, since step times say nothing about a second run of the same config.
 
-Verdicts: faster, slower, equivalent (a two-one-sided test within the equivalence margin, default twice the noise
-of one run's mean; needs a measured variance: repeats or a noise file), undecided. An arm that was given a run more
+Verdicts: faster, slower, equivalent (a two-one-sided test within the declared equivalence margin,
+``compare.equivalence``, default 5 %; needs a measured variance: repeats or a noise file), undecided (with the
+runs per arm that would decide it, when equivalence was tested). An arm that was given a run more
 than once gets no verdict (:data:`DUPLICATED`). Runs profiled with ``profile=window`` (profile.json) say which wall
 moved (:mod:`moe_hydra.analysis.profiles`), in the notes. A sweep run with repeat=auto (sequential.json) is noted
 with its own, sequential verdict.
@@ -74,14 +75,13 @@ def declared_floor(members: list[Run], noise_floor: float | None) -> float:
     return max(float(contract_value(r, "hardware.run_to_run_noise") or 0.0) for r in members)
 
 
-def _repeats(base: list[Run], cand: list[Run], equivalence: float | None) -> tuple[stats.Effect, noises.Floor]:
+def _repeats(base: list[Run], cand: list[Run], equivalence: float) -> tuple[stats.Effect, noises.Floor]:
     """Repeated arms: Welch on the run means, the arms' own between-run noise (pooled) as the floor's record."""
     a, b = [r.window_mean for r in base], [r.window_mean for r in cand]
     df = len(a) + len(b) - 2
     pooled = math.sqrt((sum((x - sum(a) / len(a)) ** 2 for x in a) + sum((x - sum(b) / len(b)) ** 2 for x in b)) / df)
     run_sd = pooled / (sum(a) / len(a))  # one run's mean, relative: what the Welch test reads
-    margin = equivalence if equivalence is not None else (2 * run_sd if run_sd > 0 else None)
-    effect = stats.welch(a, b, "runs", margin=margin)
+    effect = stats.welch(a, b, "runs", margin=equivalence)
     try:
         nz = stats.run_noise([[r.window_steps for r in base], [r.window_steps for r in cand]])
         floor = noises.Floor(nz.relative, noises.REPEATS, interval=nz.interval, df=nz.df, step_noise=nz.step_noise,
@@ -91,20 +91,16 @@ def _repeats(base: list[Run], cand: list[Run], equivalence: float | None) -> tup
     return effect, floor
 
 
-def _measured(base: list[Run], cand: list[Run], noise: noises.Floor, equivalence: float | None) -> stats.Effect:
+def _measured(base: list[Run], cand: list[Run], noise: noises.Floor, equivalence: float) -> stats.Effect:
     """Arms with a measured run-to-run noise: their run means against sigma_b^2 + s^2/n (stats.measured)."""
     a = [stats.RunStat.of(r.window_steps) for r in base]
     b = [stats.RunStat.of(r.window_steps) for r in cand]
-    ma = sum(x.mean for x in a) / len(a)
-    steps = sum(max(x.within / ma**2, (noise.step_noise or 0.0) ** 2 / x.steps) for x in a) / len(a)
-    run_sd = math.sqrt(noise.value**2 + steps)  # one run's mean, relative
-    margin = equivalence if equivalence is not None else (2 * run_sd if run_sd > 0 else None)
-    return stats.measured(a, b, noise.value, noise.df, margin=margin, step_noise=noise.step_noise,
+    return stats.measured(a, b, noise.value, noise.df, margin=equivalence, step_noise=noise.step_noise,
                           step_df=noise.step_df)
 
 
 def _effect(comp: Comparison, name: str, mode: str, noise: noises.Floor | None,
-            equivalence: float | None) -> stats.Effect | None:
+            equivalence: float) -> stats.Effect | None:
     """``name`` against the baseline; None (with a note) when an arm has fewer than 2 samples. ``mode``: "repeats"
     (every arm repeated: the run is the unit), "measured" (``noise`` measured) or "floor" (``noise`` declared or
     given: a floor beyond which a step-level difference counts)."""
@@ -143,14 +139,14 @@ def _walls(comp: Comparison, name: str, floor: float, warn: Warn) -> None:
 
 def compare(runs: list[Run], variables: list[str] | None = None, baseline: str | None = None,
             noise_floor: float | None = None, warn: Warn = lambda message: None, noise: noises.Floor | None = None,
-            equivalence: float | None = None) -> list[Comparison]:
+            equivalence: float = stats.EQUIVALENCE) -> list[Comparison]:
     """A/B comparisons of ``runs`` (distinct complete runs, as :func:`load` gives them) over ``variables``
     (default: what the runs' multiruns swept).
 
     The noise between runs, per comparison: arms all repeated give their own (the run is the unit); else
     ``noise``, a measured one (:func:`moe_hydra.analysis.noise.measured_floor`); else ``noise_floor`` or the
     hardware's declared ``run_to_run_noise``, a floor. ``equivalence``: the margin (relative) of the equivalence
-    test, default twice the noise of one run's mean (no equivalence against a declared floor). An arm holding a
+    test, declared (default 5 %; never derived from the noise; no equivalence against a declared floor). An arm holding a
     run that was given more than once (``Run.copies``) gets the verdict :data:`DUPLICATED`. When every run of an
     arm and of the baseline has a profile.json, the walls that moved are added as a note (``Comparison.walls``);
     ``warn`` hears of profile.json files that cannot be read.
@@ -205,10 +201,7 @@ def compare(runs: list[Run], variables: list[str] | None = None, baseline: str |
         elif mode == noises.MEASURED:
             comp.notes.append(f"one run per arm: a run's mean varies by the measured run-to-run noise {floor.label()} "
                               f"({floor.file}) besides its own steps; the run means are tested against both "
-                              f"(unit: runs, t on {floor.df:.1f}+ df)"
-                              + ("; one run per arm cannot show equivalence within twice one run's noise: repeat "
-                                 "the arms, or let repeat=auto decide" if equivalence is None and
-                                 all(len(rs) == 1 for rs in arms.values()) else ""))
+                              f"(unit: runs, t on {floor.df:.1f}+ df)")
         if any(e.verdict == DUPLICATED for e in comp.effects.values()):
             comp.notes.append("a run given more than once was counted once (see the warnings), and the arms holding "
                               "it get no verdict: the command named arms it did not have; pass each run once")

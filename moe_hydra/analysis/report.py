@@ -8,7 +8,8 @@ variables, comma-separated), ``variables``, ``contract_hash``, ``arms`` ([baseli
 work a step: :func:`moe_hydra.core.contract.measure`), ``judged_as`` (step time, or time per token), ``mean_ms``
 (per arm, of what was judged), ``unit``, ``verdict`` (faster, slower, equivalent, undecided, or "none: ..."),
 ``relative_difference`` (of what was judged, B / A - 1), ``ci`` (95 %), ``p_value``, ``df``, ``mde``, ``tokens_per_s``
-(``relative``, ``ci``), ``equivalence`` (``margin``, ``p_value``, ``ci90``; null when not tested), ``noise_floor``
+(``relative``, ``ci``), ``equivalence`` (``margin``, ``p_value``, ``ci90``, ``runs_needed`` per arm to show it when
+undecided; null when not tested), ``noise_floor``
 (``value``, ``source``: measured / repeats / declared / --noise-floor, and for a measured one ``file``,
 ``interval``, ``df``); ``notes``; ``skipped``; ``sequential`` (the sweep's repeat=auto record, when there is one).
 """
@@ -30,11 +31,18 @@ def pct(x: float) -> str:
 
 
 def verdict_text(e: Any) -> str:
-    """The verdict as shown: "equivalent within +-4.00%" names its margin; "undecided" says what it was called
-    before equivalence existed (no significant difference), which readers of the table grep for."""
+    """The verdict as shown: "equivalent within +-5.00% (90% CI [..])" names its margin and the interval its test
+    read; "undecided" says what it was called before equivalence existed (no significant difference), which readers
+    of the table grep for, and how many runs per arm would show equivalence when it was tested."""
     if e.verdict == stats.EQUIVALENT and e.margin is not None:
-        return f"{e.verdict} within ±{e.margin:.2%}"
-    return f"{e.verdict} (no significant difference)" if e.verdict == stats.UNDECIDED else e.verdict
+        return f"{e.verdict} within ±{e.margin:.2%} (90% CI [{pct(e.eq_ci_low)}, {pct(e.eq_ci_high)}])"
+    if e.verdict != stats.UNDECIDED:
+        return e.verdict
+    more = ""
+    if e.margin is not None:
+        more = (f"; about {e.runs_needed} runs per arm would show equivalence within ±{e.margin:.2%}"
+                if e.runs_needed else f"; the difference is at the ±{e.margin:.2%} margin")
+    return f"{e.verdict} (no significant difference{more})"
 
 
 def _noise(c: Comparison, name: str, interval: bool = True) -> str:
@@ -124,7 +132,8 @@ def pairs(comps: list[Comparison]) -> list[dict[str, Any]]:
                 "p_value": e.p_value, "df": e.df, "mde": e.mde,
                 "tokens_per_s": {"relative": e.rel_tokens_per_s, "ci": [e.tokens_ci_low, e.tokens_ci_high]},
                 "equivalence": None if e.margin is None else {
-                    "margin": e.margin, "p_value": e.eq_p_value, "ci90": [e.eq_ci_low, e.eq_ci_high]},
+                    "margin": e.margin, "p_value": e.eq_p_value, "ci90": [e.eq_ci_low, e.eq_ci_high],
+                    "runs_needed": e.runs_needed},
                 "noise_floor": floor.as_dict() if floor is not None else None,
                 "walls": (c.walls.get(name) or {}).get("summary"),
             })

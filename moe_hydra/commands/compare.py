@@ -33,6 +33,7 @@ from pathlib import Path
 from moe_hydra.analysis import compare, report
 from moe_hydra.analysis import noise as noises
 from moe_hydra.commands._runs import fraction, load_runs, margin, out_dir
+from moe_hydra.core import stats
 from moe_hydra.core.errors import EXIT_FAILED, EXIT_OK, EXIT_REFUSED, Failed, Refused
 from moe_hydra.core.io import console
 
@@ -77,7 +78,7 @@ def arguments(ap: argparse.ArgumentParser) -> None:
     given.add_argument("--noise", type=Path, metavar="FILE", help="the measured run-to-run noise for one-run arms: a "
                        "noise.json from moe-hydra noise (default: compare.noise_file, else the declared one)")
     ap.add_argument("--equivalence", type=margin, metavar="X", help="the equivalence margin, relative: 2%% or 0.02 "
-                    "(default: compare.equivalence, else twice the noise of one run's mean)")
+                    "(default: the runs' compare.equivalence, else 5%%; never derived from the noise)")
     ap.add_argument("--out", type=Path, help="where compare.md, compare.json and compare.png go (created; default: "
                     "the first directory when writable, else the current directory)")
 
@@ -93,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
             args.noise, [r.path for r in runs], warn)
     except Refused as e:
         raise Refused(f"--noise: {e}") from None
-    equivalence = args.equivalence if args.equivalence is not None else compare.recorded_margin(runs, warn)
+    equivalence = args.equivalence or compare.recorded_margin(runs, warn) or stats.EQUIVALENCE
     comps = compare.compare(runs, variables, args.baseline, args.noise_floor, warn, noise=measured,
                             equivalence=equivalence)
     sequential = compare.sequential_records(args.dirs, warn)

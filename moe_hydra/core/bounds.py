@@ -8,7 +8,10 @@ driving the time or memory of planning: no algorithm below runs for longer becau
 
 A ``None`` in an optional field is unset, not a number, and passes; the rules say when it must be set.
 
-Pure: standard library only.
+Each refusal's fix is the value the key has from the config's presets (:func:`moe_hydra.core.presets.chosen`: the
+chosen group options over the schema's defaults) when that value is inside the domain, else the nearest edge.
+
+Pure: standard library only (a fix reads the presets' YAML through :mod:`moe_hydra.core.presets`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import typing
 from operator import attrgetter
 from typing import Any
 
+from moe_hydra.core import overrides, presets
 from moe_hydra.core.schema import leaves, unwrapped
 from moe_hydra.core.violations import V, Violation
 
@@ -110,7 +114,6 @@ DOMAINS: dict[str, tuple[float, float]] = {
     "contract.warmup_steps": (0, MAX_STEPS),
     "profile.num_steps": (1, 1000),
     "compare.equivalence": (1e-6, 0.999),
-    "compare.target_mde": (1e-6, 0.999),
     "compare.max_repeats": (1, 1000),
     "compare.alpha": (1e-6, 0.5),
     "profile.top": (1, 1000),
@@ -173,22 +176,46 @@ def check(cfg: Any) -> list[Violation]:
     a malformed integer list and a world beyond :data:`MAX_WORLD`; empty for a config inside its bounds (the
     common case, at the layout search's rate). How values relate (a window after the warmup, sizes that divide)
     is the rules' business."""
-    out = [V("S02", f"{path} must be within {_shown(lo, hi)} (is {value})",
-             f"{path}={hi if _number(value) and value > hi else lo}", **{path.replace(".", "__"): value})
+    out = [V("S02", f"{path} must be within {_shown(lo, hi)} (is {value})", _fix_number(cfg, path, value, lo, hi),
+             **{path.replace(".", "__"): value})
            for path, value, lo, hi in zip(_PATHS, _VALUES(cfg), _LOWS, _HIGHS)
-           if value is not None and not (_number(value) and lo <= value <= hi)]
+           if value is not None and not _within(value, lo, hi)]
     wrong = {path: value for path, kind, value in zip(_CONTAINER_PATHS, CONTAINERS.values(), _CONTAINER_VALUES(cfg))
              if value is not None and not isinstance(value, kind)}
-    out += [V("S02", f"{path} must be a {CONTAINERS[path].__name__} (is {value!r})",
-              f"{path}={'[]' if CONTAINERS[path] is list else '{}'}", **{path.replace(".", "__"): value})
+    out += [V("S02", f"{path} must be a {CONTAINERS[path].__name__} (is {value!r})", _fix_container(cfg, path),
+              **{path.replace(".", "__"): value})
             for path, value in wrong.items()]
     out += [v for path in LIST_DOMAINS if path not in wrong for v in _check_list(cfg, path)]
     if not out and cfg.hardware.nodes * cfg.hardware.devices_per_node > MAX_WORLD:
         hw = cfg.hardware
+        nodes = presets.chosen(cfg, "hardware.nodes")
+        if not (_within(nodes, *DOMAINS["hardware.nodes"]) and nodes * hw.devices_per_node <= MAX_WORLD):
+            nodes = MAX_WORLD // hw.devices_per_node
         out.append(V("S02", f"world size {hw.nodes} x {hw.devices_per_node} is above {MAX_WORLD} GPUs",
-                     "a smaller hardware.nodes", hardware__nodes=hw.nodes,
+                     f"hardware.nodes={nodes}", hardware__nodes=hw.nodes,
                      hardware__devices_per_node=hw.devices_per_node))
     return out
+
+
+def _within(value: Any, lo: float, hi: float) -> bool:
+    return _number(value) and lo <= value <= hi
+
+
+def _fix_number(cfg: Any, path: str, value: Any, lo: float, hi: float) -> str:
+    """``path=<the presets' value>`` when it is inside ``[lo, hi]`` (or unset, in an optional field), else the edge
+    nearest ``value``."""
+    preset = presets.chosen(cfg, path)
+    if preset is None or _within(preset, lo, hi):
+        return overrides.override(path, preset)
+    return f"{path}={hi if _number(value) and value > hi else lo}"
+
+
+def _fix_container(cfg: Any, path: str) -> str:
+    """The presets' list (or null) when it is one, else an empty list or dict."""
+    preset = presets.chosen(cfg, path)
+    if CONTAINERS[path] is list and (preset is None or isinstance(preset, list)):
+        return overrides.override(path, preset)
+    return f"{path}={'[]' if CONTAINERS[path] is list else '{}'}"
 
 
 def _integer_within(x: Any, lo: int, hi: int) -> bool:
@@ -198,9 +225,24 @@ def _integer_within(x: Any, lo: int, hi: int) -> bool:
 def _check_list(cfg: Any, path: str) -> list[Violation]:
     (lo, hi), length = LIST_DOMAINS[path]
     value = attrgetter(path)(cfg)
-    if value is None or (isinstance(value, (list, tuple)) and (length is None or len(value) == length)
-                         and all(_integer_within(x, lo, hi) for x in value)):
+    if value is None or _legal_list(value, path):
         return []
     what = f"{length} integers" if length else "integers"
     return [V("S02", f"{path} must be a list of {what} within [{lo}, {hi}] (is {value})",
-              f"{path}=[{','.join([str(max(lo, 1))] * (length or 1))}]", **{path.replace(".", "__"): value})]
+              _fix_list(cfg, path), **{path.replace(".", "__"): value})]
+
+
+def _legal_list(value: Any, path: str) -> bool:
+    (lo, hi), length = LIST_DOMAINS[path]
+    return isinstance(value, (list, tuple)) and (length is None or len(value) == length) and all(
+        _integer_within(x, lo, hi) for x in value)
+
+
+def _fix_list(cfg: Any, path: str) -> str:
+    """The presets' list (or null) when it is legal, else ``length`` times the lowest element (a pair without a
+    length: ``[first, last]`` lists such as ``contract.window`` are read by index)."""
+    preset = presets.chosen(cfg, path)
+    if preset is None or _legal_list(preset, path):
+        return overrides.override(path, None if preset is None else list(preset))
+    (lo, _), length = LIST_DOMAINS[path]
+    return f"{path}=[{','.join([str(max(lo, 1))] * (length or 2))}]"

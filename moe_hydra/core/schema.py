@@ -32,6 +32,7 @@ from typing import Any, Dict, Iterator, List, Optional
 from omegaconf import II, MISSING
 
 from moe_hydra.core import step_model_fit
+from moe_hydra.core.stats import EQUIVALENCE
 
 # The configs: conf/ at the top of the repository, installed as this package (pyproject.toml maps it).
 CONF_PACKAGE = "moe_hydra.conf"
@@ -466,11 +467,10 @@ class CompareConfig:
     # with it, repeat=auto pools it with its runs; relative paths are taken from $MOE_HYDRA_SITE when set. null: the
     # declared hardware.run_to_run_noise (a floor; repeated arms measure their own).
     noise_file: Optional[str] = None
-    # The equivalence margin, relative (0.02: within +-2 %); null: compare.target_mde, else twice the noise of one
-    # run's mean.
-    equivalence: Optional[float] = None
-    # The smallest effect worth finding, relative; repeat=auto's default equivalence margin; null: from the noise.
-    target_mde: Optional[float] = None
+    # The equivalence margin, relative (0.05: equivalent when the 90 % interval of the difference lies within
+    # +-5 %, a TOST at alpha a side). Declared, never derived from the noise; a machine too noisy to show it within
+    # the runs says undecided and how many runs per arm would.
+    equivalence: float = EQUIVALENCE
     # repeat=auto: at most this many runs per arm.
     max_repeats: int = 8
     # The false-verdict rate of every verdict (two-sided for a difference; each one-sided test of equivalence).

@@ -74,6 +74,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 FASTER, SLOWER, EQUIVALENT, UNDECIDED = "faster", "slower", "equivalent", "undecided"
+# The equivalence margin a performance engineer accepts without asking: +-5 %, as Megatron-Bridge's performance CI
+# (compare.equivalence). Declared, never derived from the noise: a margin that grows with the noise would make a
+# noisy machine call everything equivalent.
+EQUIVALENCE = 0.05
+POWER = 0.80  # the power the runs_needed estimates plan for
 SAME = UNDECIDED  # the name of "neither faster nor slower" before equivalence existed (layout screening's ties)
 VERDICTS = (FASTER, SLOWER, EQUIVALENT, UNDECIDED)
 ALPHA = 0.05  # the false-verdict rate of every test here: 95 % intervals, TOST at 5 % (its 90 % interval)
@@ -101,6 +106,9 @@ class Effect:
     eq_p_value: float | None = None  # TOST: the larger of the two one-sided p-values
     eq_ci_low: float | None = None  # the 90 % interval TOST reads
     eq_ci_high: float | None = None
+    # undecided with a margin: runs per arm with which the TOST would show equivalence 80 % of the time if the
+    # difference is what was measured (None: decided, not tested, or the difference is at the margin already)
+    runs_needed: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -144,11 +152,27 @@ def _judge(*, unit: str, n_a: int, n_b: int, ma: float, mb: float, se: float, df
     verdict = SLOWER if lo / ma > floor else FASTER if hi / ma < -floor else UNDECIDED
     if verdict == UNDECIDED and eq_p is not None and eq_p < 1 - confidence:
         verdict = EQUIVALENT
+    needed = (runs_needed(max(n_a, n_b), se, margin * ma - abs(d), confidence)
+              if verdict == UNDECIDED and tested else None)
     return Effect(unit=unit, n_a=n_a, n_b=n_b, mean_a_ms=ma, mean_b_ms=mb, rel_step_time=d / ma, ci_low=lo / ma,
                   ci_high=hi / ma, rel_tokens_per_s=_tokens(ma, d), tokens_ci_low=_tokens(ma, hi),
                   tokens_ci_high=_tokens(ma, lo), p_value=p, df=df, mde=floor + mde_t / ma, floor=floor,
                   verdict=verdict, margin=margin if tested else None, eq_p_value=eq_p,
-                  eq_ci_low=eq_lo / ma if tested else None, eq_ci_high=eq_hi / ma if tested else None)
+                  eq_ci_low=eq_lo / ma if tested else None, eq_ci_high=eq_hi / ma if tested else None,
+                  runs_needed=needed)
+
+
+def runs_needed(n: int, se: float, room: float, confidence: float = 0.95, power: float = POWER) -> int | None:
+    """Runs per arm with which a TOST at ``1 - confidence`` a side shows equivalence with ``power``, given the
+    standard error ``se`` of the difference at ``n`` per arm (it shrinks as 1/sqrt(runs)) and the ``room`` between
+    the measured difference and the margin (margin - |d|, absolute): n ((z_conf + z_(1+power)/2) se / room)^2, normal
+    quantiles; the power's quantile is the two-sided one, since near d = 0 both one-sided tests must reject (Chow,
+    Shao and Wang, *Sample Size Calculations in Clinical Research*, sec. 3.2). None when there is no room: the
+    measured difference is at or beyond the margin."""
+    if room <= 0 or not math.isfinite(se):
+        return None
+    z = _ppf(confidence, math.inf) + _ppf((1 + power) / 2, math.inf)
+    return max(n + 1, math.ceil(n * (z * se / room) ** 2))
 
 
 def welch(a: list[float], b: list[float], unit: str, floor: float = 0.0, confidence: float = 0.95,
@@ -455,6 +479,11 @@ class Look:
     verdict: str
     alpha_spent: float = 0.0
     notes: list[str] = field(default_factory=list)
+    # the interval the equivalence test read (d +- eq_bound se, relative): inside +-margin is equivalent
+    eq_ci_low: float | None = None
+    eq_ci_high: float | None = None
+    # undecided at the last round with a margin: about how many runs per arm would show equivalence (runs_needed)
+    runs_needed: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -608,9 +637,14 @@ def sequential_looks(a: Sequence[RunStat | None], b: Sequence[RunStat | None], d
             if verdict == UNDECIDED and inside:
                 verdict = EQUIVALENT
         half = crit * se if math.isfinite(crit) else math.inf
+        eq_half = eq_crit * se if eq_crit is not None and math.isfinite(eq_crit) else None
+        needed = (runs_needed(max(n_a, n_b), se, design.margin * ma - abs(d), 1 - design.alpha)
+                  if final and verdict == UNDECIDED and design.margin is not None else None)
         looks.append(Look(look=r, n_a=n_a, n_b=n_b, fraction=fraction, mean_a_ms=ma, mean_b_ms=mb,
                           rel_step_time=d / ma, ci_low=(d - half) / ma, ci_high=(d + half) / ma, t=t, df=df,
-                          bound=crit, eq_bound=eq_crit, verdict=verdict, alpha_spent=spent(fraction, design.alpha)))
+                          bound=crit, eq_bound=eq_crit, verdict=verdict, alpha_spent=spent(fraction, design.alpha),
+                          eq_ci_low=(d - eq_half) / ma if eq_half is not None else None,
+                          eq_ci_high=(d + eq_half) / ma if eq_half is not None else None, runs_needed=needed))
         if verdict != UNDECIDED or final:
             break
     return looks

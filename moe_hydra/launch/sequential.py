@@ -14,12 +14,11 @@ that looking after every round keeps the false-verdict rate at ``compare.alpha``
 candidate is decided (faster, slower, equivalent) or at ``compare.max_repeats`` runs per arm (undecided).
 
 The variance of a run's mean comes from the arms' own runs, pooled with the measured run-to-run noise when there is
-one (``compare.noise_file``, e.g. from a site file; ``python -m moe_hydra.noise`` writes it): with it the first
-look is after round 1, without it after round 2. The equivalence margin is ``compare.equivalence``, else
-``compare.target_mde``, else twice the noise of one run's mean (measured: sqrt(sigma_b^2 + sigma_w^2 / n) from the
-noise file and the window's n steps); it is fixed before the first run, as the test requires. Without any of them
-(only the declared ``hardware.run_to_run_noise``, a guess) equivalence is not tested: the arms run until a
-difference is found or the cap.
+one (``compare.noise_file``, e.g. from a site file; ``python -m moe_hydra.noise`` writes it; one named that cannot be
+read refuses the sweep before anything launches): with it the first look is after round 1, without it after round
+2. The equivalence margin is ``compare.equivalence`` (default 5 %), declared and fixed before the first run, as the
+test requires; never derived from the noise. A pair still undecided at the cap says about how many runs per arm
+would show equivalence (``pairs[].runs_needed``).
 
 ``sequential.json`` in the sweep directory, rewritten after every round (``sequential_version`` 1): ``status``
 (running, decided, undecided at the cap, queued, refused, failed), ``design``, ``arms``, ``baseline``, ``rounds``
@@ -85,39 +84,36 @@ def _arm_label(arm: list[str], common: set[str]) -> str:
     return " ".join(o for o in arm if o not in common) or "(defaults)"
 
 
-def design_of(config: DictConfig, warn=log.warning) -> tuple[stats.Design, dict[str, Any]]:
-    """The design from the sweep's config (compare.*), and how its margin and noise were chosen."""
+def design_of(config: DictConfig) -> tuple[stats.Design, dict[str, Any]]:
+    """The design from the sweep's config (compare.*), and how its noise was chosen.
+
+    Raises:
+        Refused: compare.noise_file names a file that is missing or not a noise file (an input named explicitly
+            is never skipped: the test would run without what it was told to pool).
+    """
     def sel(key: str, default: Any = None) -> Any:
         return OmegaConf.select(config, key, default=default)
 
-    floor, source = None, None
+    floor = None
     path = sel("compare.noise_file")
     if path:
         p = noises.resolve_path(str(path))
         try:
             floor = noises.floor_of(noises.load(p), p)
         except Refused as e:
-            warn(f"compare.noise_file: {e}; the arms' own runs alone give the variance")
+            raise Refused(f"compare.noise_file: {e}; fix: compare.noise_file=<a noise.json from moe-hydra noise> "
+                          "or compare.noise_file=null") from None
     window = sel("contract.window") or [1, 1]
     steps = max(int(window[-1]) - int(window[0]) + 1, 1)
     # one run's mean, relative: the measured run-to-run noise and its steps' over the window's n
     run_sd = math.sqrt(floor.value**2 + (floor.step_noise or 0.0) ** 2 / steps) if floor is not None else None
-    margin = sel("compare.equivalence")
-    if margin is not None:
-        source = "compare.equivalence"
-    elif sel("compare.target_mde") is not None:
-        margin, source = sel("compare.target_mde"), "compare.target_mde"
-    elif floor is not None:
-        margin, source = 2 * run_sd, "twice one run's measured noise (compare.noise_file)"
-    else:  # a declared noise is a guess, not a measurement: no margin to claim equivalence within
-        margin, source = None, ("none: no equivalence test (set compare.equivalence, compare.target_mde or "
-                                "compare.noise_file)")
+    margin = sel("compare.equivalence", stats.EQUIVALENCE)
     design = stats.Design(max_repeats=int(sel("compare.max_repeats", 8)), alpha=float(sel("compare.alpha", 0.05)),
                           margin=float(margin) if margin is not None and 0 < float(margin) < 1 else None,
                           noise=floor.value if floor else None, noise_df=floor.df if floor else None,
                           step_noise=floor.step_noise if floor else None)
-    info = {"margin_source": source, "noise_floor": floor.as_dict() if floor else None,
-            "target_mde": sel("compare.target_mde"), "window_steps": steps, "spending": SPENDING}
+    info = {"margin_source": "compare.equivalence (declared)", "noise_floor": floor.as_dict() if floor else None,
+            "window_steps": steps, "spending": SPENDING}
     if floor is not None and design.margin:  # the power to find an effect as large as the margin, z-approximation
         from scipy import stats as st
 
@@ -172,7 +168,10 @@ def drive(sweeper: Any, overrides: list) -> list[list[Any]]:
              and (v := OmegaConf.select(config, key, default=None)) is not None and not lo <= v <= hi]
     if wrong:
         return refused("\n  ".join(wrong) + "\nNothing was launched.")
-    design, info = design_of(config)
+    try:
+        design, info = design_of(config)
+    except Refused as e:
+        return refused(f"{e}. Nothing was launched.")
     common = set.intersection(*(set(a) for a in arms))
     labels = [_arm_label(a, common) for a in arms]
     try:  # like with like, before anything is launched
@@ -279,18 +278,29 @@ def _pairs(labels: list[str], looks_of: dict[int, list[stats.Look]], runs: list[
     for j in range(1, len(labels)):
         looks = looks_of.get(j) or []
         last = looks[-1] if looks else None
-        change: dict[str, Any] = {"rel_step_time": None, "ci": None}
+        change: dict[str, Any] = {"rel_step_time": None, "ci": None, "equivalence_ci": None}
+        # the interval beside a verdict is the one its test read: the equivalence test's for equivalent
+        lo, hi = ((last.eq_ci_low, last.eq_ci_high) if last and last.verdict == stats.EQUIVALENT
+                  else (last.ci_low, last.ci_high) if last else (None, None))
         if last and metric == contracts.STEP_TIME:
-            change = {"rel_step_time": last.rel_step_time, "ci": [last.ci_low, last.ci_high]}
+            change = {"rel_step_time": last.rel_step_time, "ci": [last.ci_low, last.ci_high],
+                      "equivalence_ci": [last.eq_ci_low, last.eq_ci_high] if last.eq_ci_low is not None else None,
+                      "verdict_ci": [lo, hi]}
         elif last:
             def tps(rel: float) -> float:
                 return 1 / (1 + rel) - 1 if rel > -1 else math.inf
 
             change = {"rel_step_time": None, "rel_time_per_token": last.rel_step_time,
                       "rel_tokens_per_s_per_gpu": tps(last.rel_step_time),
-                      "ci": [tps(last.ci_high), tps(last.ci_low)]}
+                      "ci": [tps(last.ci_high), tps(last.ci_low)],
+                      "equivalence_ci": ([tps(last.eq_ci_high), tps(last.eq_ci_low)] if last.eq_ci_low is not None
+                                         else None),
+                      "verdict_ci": [tps(hi), tps(lo)]}
         out.append({"baseline": labels[0], "candidate": labels[j], "metric": metric,
                     "verdict": last.verdict if last else stats.UNDECIDED, **change,
+                    "verdict_ci_is": (None if not last else "the equivalence test's (1 - 2 alpha, repeated)"
+                                      if last.verdict == stats.EQUIVALENT else "repeated 95%"),
+                    "runs_needed": last.runs_needed if last else None,
                     "looks": len(looks), "decided_at_round": last.look if last and last.verdict != stats.UNDECIDED
                     else None,
                     "runs": {labels[0]: sum(x is not None for x in runs[0]),
@@ -308,13 +318,18 @@ def _write(sweep_dir: Path, record: dict[str, Any], runs: list[list], labels: li
 def _report(record: dict[str, Any], sweep_dir: Path) -> None:
     lines = [f"repeat=auto: {record['status']}; runs used "
              + ", ".join(f"{k}: {v}" for k, v in record["runs_used"].items())]
+    margin = record["design"].get("margin")
     for p in record["pairs"]:
-        ci = p["ci"]
+        ci = p.get("verdict_ci")
         throughput = p.get("metric") == contracts.THROUGHPUT
         rel = p.get("rel_tokens_per_s_per_gpu") if throughput else p["rel_step_time"]
-        lines.append(f"  {p['candidate']} vs {p['baseline']}: {p['verdict']}"
+        within = f" within ±{margin:.2%}" if p["verdict"] == stats.EQUIVALENT and margin else ""
+        lines.append(f"  {p['candidate']} vs {p['baseline']}: {p['verdict']}{within}"
                      + (f", {'tokens/s/GPU' if throughput else 'step time'} {rel:+.2%} [{ci[0]:+.2%}, {ci[1]:+.2%}] "
-                        "(repeated 95% CI)" if ci and all(x is not None and math.isfinite(x) for x in ci) else ""))
+                        f"({p['verdict_ci_is']} interval)" if ci and all(x is not None and math.isfinite(x) for x in ci)
+                        else "")
+                     + (f"; about {p['runs_needed']} runs per arm would show equivalence within ±{margin:.2%} "
+                        "(compare.max_repeats)" if p.get("runs_needed") and margin else ""))
     if record.get("metric") == contracts.THROUGHPUT:
         lines.append("  judged on tokens/s/GPU: the design varies the work a step ("
                      + ", ".join(f"{a}: {w:g} tokens/GPU" for a, w in zip(record["arms"],

@@ -211,3 +211,58 @@ def test_repeat_auto_over_arms_of_different_work_is_refused_before_a_round(tmp_p
     assert r.returncode == 2 and quiet(r), r.stdout[-2000:] + r.stderr[-2000:]
     assert "train different work a step" in r.stderr and "train.global_batch_size=20" in r.stderr
     assert sorted(p.name for p in (tmp_path / "ab").iterdir()) == [".sweep.lock", "multirun.yaml"]  # no point, no round
+
+
+# ----------------------------------------------------------------------------- files written for another command
+
+# Writes that are not atomic, each with why that is right: files only their own process reads, or logs.
+NOT_ATOMIC = {
+    "moe_hydra/job/fit.py": "spec.json and the rank logs: a private work directory its own ranks read",
+    "moe_hydra/job/warm.py": "the warm server's log, appended as it runs",
+    "moe_hydra/job/warm_server.py": "its pid and refusal files, in its private socket directory",
+    "moe_hydra/job/data.py": "the tokenizer description, written into the temporary files renamed at the end",
+    "moe_hydra/launch/local.py": "a point's spec, written before the process that reads it starts",
+}
+
+
+def test_every_file_written_for_another_command_is_written_atomically():
+    """No write_text / write_bytes / open(..., "w") outside core.io (temporary file and rename) but the ones listed
+    with their reason: a file another command reads (sweep.json, results.json, plan.json, the layout search's
+    meshes and run_top.sh, exports, compare.md, noise.json, the step model's fit) is never half-written."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1]
+    found: dict[str, list[int]] = {}
+    for path in sorted((root / "moe_hydra").rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel in ("moe_hydra/core/io.py",) or rel.startswith("moe_hydra/testing/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+            mode = next((a.value for a in node.args[1:2] if isinstance(a, ast.Constant)), None) if name == "open" \
+                else None
+            ours = isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "io"  # io.write_text
+            if (name in ("write_text", "write_bytes") and not ours) or (name == "open" and isinstance(mode, str)
+                                                                          and "w" in mode):
+                found.setdefault(rel, []).append(node.lineno)
+    assert set(found) <= set(NOT_ATOMIC), {k: v for k, v in found.items() if k not in NOT_ATOMIC}
+
+
+def test_an_interrupted_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
+    from moe_hydra.core import io
+
+    target = tmp_path / "sweep.json"
+    io.write_json({"points": [1]}, target)
+    real = os.replace
+
+    def interrupted(src, dst):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        io.write_json({"points": [1, 2]}, target)
+    monkeypatch.setattr(os, "replace", real)
+    assert json.loads(target.read_text()) == {"points": [1]} and [p.name for p in tmp_path.iterdir()] == ["sweep.json"]

@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from moe_hydra.core import contract as contracts
-from moe_hydra.core import stats
+from moe_hydra.core import io, stats
 from moe_hydra.core.errors import Refused
-from moe_hydra.core.schema import site_dir
+from moe_hydra.core.schema import site_dir, site_settings
 
 NOISE_FILE = "noise.json"
 NOISE_VERSION = 1
@@ -144,12 +144,13 @@ def load(path: Path) -> dict[str, Any]:
     Raises:
         Refused: missing, not JSON, or against those.
     """
+    if not Path(path).exists():
+        raise Refused(f"{path}: no such noise file (python -m moe_hydra.noise DIR writes one)")
+    text = io.read_named(path, "the noise file")
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise Refused(f"{path}: no such noise file (python -m moe_hydra.noise DIR writes one)") from None
-    except (OSError, ValueError, RecursionError) as e:
-        raise Refused(f"{path}: unreadable or not JSON ({type(e).__name__})") from None
+        data = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise Refused(f"{path}: not JSON ({type(e).__name__})") from None
     if not isinstance(data, dict):
         raise Refused(f"{path}: not a JSON object")
     value = data.get("run_to_run_noise")
@@ -211,16 +212,8 @@ def recorded(run_dir: Path, key: str = CONFIG_KEY) -> Any:
 
 def _site() -> str | None:
     """compare.noise_file in the site file ($MOE_HYDRA_SITE/site/default.yaml), when there is one."""
-    site = site_dir()
-    if not site or not (site / "site" / "default.yaml").is_file():
-        return None
-    try:
-        import yaml
-
-        data = yaml.safe_load((site / "site" / "default.yaml").read_text(encoding="utf-8")) or {}
-    except Exception:  # noqa: BLE001 - unreadable, or yaml's errors: not set
-        return None
-    value = ((data.get("compare") or {}) if isinstance(data, dict) else {}).get("noise_file")
+    compare = site_settings().get("compare")
+    value = compare.get("noise_file") if isinstance(compare, dict) else None
     return str(value) if value not in (None, "") else None
 
 

@@ -169,7 +169,7 @@ def write(comps: list[Comparison], warnings: list[str], out_dir: Path,
     text = markdown(comps, warnings)
     if sequential:
         text += "\n## repeat=auto\n\n" + "".join(f"- {sequential_line(s)}\n" for s in sequential)
-    md.write_text(text, encoding="utf-8", errors="replace")
+    io.write_text(md, text, errors="replace")
     io.write_json(record(comps, warnings, sequential), js)
     plot(comps, png)
     return [md, js, png]

@@ -71,6 +71,8 @@ def _files(dirs: list[Path], warn: Warn) -> Iterator[Path]:
             continue
         for p in sorted(plans):
             warn(f"skipped {p}: a plan without results (stage=plan, or a point that never ran)")
+        if not found and not plans:
+            warn(f"skipped {d}: no results.json in it or under it (give a run or sweep directory)")
         yield from found
 
 

@@ -30,7 +30,7 @@ from moe_hydra.commands import _overrides
 from moe_hydra.core import env, io, overrides
 from moe_hydra.core.errors import EXIT_FAILED, EXIT_OK, EXIT_REFUSED, MEANINGS, Failed, Refused
 from moe_hydra.core.resolved import Resolved, resolve
-from moe_hydra.core.schema import CONF_PACKAGE, Stage, register_configs
+from moe_hydra.core.schema import CONF_PACKAGE, Stage, register_configs, site_settings
 from moe_hydra.core.violations import LayoutError
 from moe_hydra.launch import local, outcome, slurm
 from moe_hydra.planning import plan, render
@@ -349,6 +349,7 @@ def main(argv: list[str], prog: str = "python -m moe_hydra") -> int:
     slurm.register()
     layout_sweeper.register()
     points.register()
+    site_settings()  # a MOE_HYDRA_SITE that names no directory, or a site file that is not YAML: refused here
     args = _overrides.normalize(argv)
     problems = _overrides.check_overrides(args)
     if problems:

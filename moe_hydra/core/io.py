@@ -22,20 +22,30 @@ def finite(x: Any) -> Any:
     return x
 
 
-def write_json(data: dict[str, Any], path: Path, indent: int | None = 2) -> None:
-    """Write ``data`` atomically (a reader never sees half a file); ``indent=None`` for large files.
+def write_text(path: Path, text: str, errors: str = "strict") -> None:
+    """Write ``text`` to ``path`` atomically: a reader (another command, another shell) sees the old file or the
+    new one, never half of one, and an interrupted writer leaves the old file or none.
 
     The file's mode follows the umask, as Hydra's ``.hydra/`` files do (0644 under umask 022), so a team that
     shares output directories can read it: the temporary file is created with mode 0666 less the umask (not
     ``tempfile.mkstemp``'s 0600), then renamed over ``path``.
     """
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=indent, default=str, separators=None if indent else (",", ":"))
-        f.write("\n")
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", errors=errors) as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_json(data: dict[str, Any], path: Path, indent: int | None = 2) -> None:
+    """Write ``data`` as JSON atomically (:func:`write_text`); ``indent=None`` for large files."""
+    write_text(path, json.dumps(data, indent=indent, default=str, separators=None if indent else (",", ":")) + "\n")
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -44,6 +54,32 @@ def read_json(path: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def read_named(path: str | Path, what: str) -> str:
+    """The text of a file a user named (``what`` says how: "--file", "compare.noise_file"), as UTF-8.
+
+    Raises:
+        Refused: it is missing, a directory, unreadable, or not UTF-8 text (a binary or Latin-1 file); the message
+            names ``what`` and the path.
+    """
+    from moe_hydra.core.errors import Refused
+
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except IsADirectoryError:
+        raise Refused(f"{what} {p}: a directory, not a file") from None
+    except OSError as e:
+        raise Refused(f"{what} {p}: {e.strerror or type(e).__name__}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise Refused(f"{what} {p}: not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start}: a binary file, "
+                      "or another encoding; iconv -t utf-8 converts one)") from None
+    if "\0" in text:
+        raise Refused(f"{what} {p}: a binary file (it holds NUL bytes), not text")
+    return text
 
 
 def console():

@@ -46,9 +46,50 @@ def conf_dir() -> Path:
 
 
 def site_dir() -> Path | None:
-    """The site directory ``MOE_HYDRA_SITE`` names, or None."""
+    """The site directory ``MOE_HYDRA_SITE`` names, or None when it is unset or empty.
+
+    Raises:
+        Refused: it names something that is not a directory (a named input is never silently ignored).
+    """
     site = os.environ.get(SITE_ENV)
-    return Path(site).resolve() if site else None
+    if not site:
+        return None
+    path = Path(site).expanduser().resolve()
+    if not path.is_dir():
+        from moe_hydra.core.errors import Refused
+
+        raise Refused(f"{SITE_ENV}={site}: {'not a directory' if path.exists() else 'no such directory'} (a site "
+                      f"directory holds site/default.yaml); fix: export {SITE_ENV}=<a directory>, or unset {SITE_ENV}")
+    return path
+
+
+def site_settings() -> dict[str, Any]:
+    """The site file ``$MOE_HYDRA_SITE/site/default.yaml`` as a mapping; {} without a site or a site file.
+
+    Raises:
+        Refused: the site directory is not one, or its file is unreadable, not YAML or not a mapping.
+    """
+    site = site_dir()
+    path = site / "site" / "default.yaml" if site else None
+    if path is None or not path.exists():
+        return {}
+    import yaml
+
+    from moe_hydra.core.errors import Refused
+    from moe_hydra.core.io import read_named
+
+    try:
+        data = yaml.safe_load(read_named(path, f"the site file ({SITE_ENV})"))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise Refused(f"the site file {path}: not YAML{where} ({getattr(e, 'problem', None) or e}); fix the file, "
+                      f"or unset {SITE_ENV}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise Refused(f"the site file {path}: a {type(data).__name__}, not a mapping of config keys")
+    return data
 
 
 class Stage(str, Enum):

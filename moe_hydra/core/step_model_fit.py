@@ -20,6 +20,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from moe_hydra.core import io
+
 FILE = "step_model_fit.json"
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: where the fingerprinted files are (the dataset is not in
 # the wheel)
@@ -84,5 +86,5 @@ def stale(root: Path = ROOT, fit: dict[str, Any] | None = None) -> str | None:
 def write(fit: dict[str, Any]) -> Path:
     """Write the record into the source tree (this module's directory); the path written."""
     path = Path(__file__).with_name(FILE)
-    path.write_text(json.dumps(fit, indent=2) + "\n")
+    io.write_json(fit, path)
     return path

@@ -108,14 +108,16 @@ def _megatron_lm(cmd: text.Command, notes: list[str]) -> dict[str, Any]:
     ignored = sorted(f for f in parsed if not _known_mlm(f)) + sorted(
         f"torchrun {f}" for f in launcher if f not in ("--nnodes", "--nproc-per-node"))
     g = Flags({**parsed, **{f: v for f, v in launcher.items() if f in ("--nnodes", "--nproc-per-node")}})
+    wrong: list[str] = []  # every flag refused, said at once (not one per call)
     for flag, want, action, why in table.FIXED:
         if g.has(flag) and table._float(g.one(flag)) != float(want):
             if action == "refuse":
-                raise Refused(f"{flag} {g.one(flag)}: {why} ({flag} {want})")
-            ignored.append(f"{flag} {g.one(flag)} ({why})")
+                wrong.append(f"{flag} {g.one(flag)}: {why} ({flag} {want})")
+            else:
+                ignored.append(f"{flag} {g.one(flag)} ({why})")
     for flag, accepted, why in table.CHECKED:
         if g.has(flag) and g.one(flag) not in accepted:
-            raise Refused(f"{flag} {g.one(flag)}: {why} (accepted: {', '.join(accepted)})")
+            wrong.append(f"{flag} {g.one(flag)}: {why} (accepted: {', '.join(accepted)})")
     values: dict[str, Any] = {}
     unused: list[str] = []
     for e in table.TABLE:
@@ -124,11 +126,14 @@ def _megatron_lm(cmd: text.Command, notes: list[str]) -> dict[str, Any]:
         try:
             v = e.from_mlm(g)
         except Refused as r:
-            raise Refused(str(r)) from None
+            wrong.append(str(r))
+            continue
         if v is None:
             unused += [f for f in e.flags if g.has(f)]
             continue
         values.update(v)
+    if wrong:
+        raise Refused(f"{len(wrong)} flag{'s' if len(wrong) > 1 else ''} refused:\n  " + "\n  ".join(wrong))
     if "model.vocab_size" not in values:
         notes.append(f"--tokenizer-type {g.get('--tokenizer-type', '(none)')}: the vocabulary comes from the "
                      "tokenizer's files, not the flags; model.vocab_size stays the model preset's (set it if it "
@@ -210,18 +215,26 @@ def _bridge(cmd: text.Command, notes: list[str]) -> dict[str, Any]:
         raise Refused(f"cannot map {len(unknown)} key{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)} "
                       "(no moe_hydra setting; remove them to ingest the rest)")
     ignored = sorted(k for k in parsed if k not in known)
+    wrong: list[str] = []  # every key refused, said at once
     for key, want, action in table.BRIDGE_FIXED:
         if key in parsed and parsed[key] != want:
             if action == "refuse":
-                raise Refused(f"{key}={parsed[key]}: moe_hydra's job runs with {key}={want}")
-            ignored.append(f"{key}={parsed[key]}")
+                wrong.append(f"{key}={parsed[key]}: moe_hydra's job runs with {key}={want}")
+            else:
+                ignored.append(f"{key}={parsed[key]}")
     values: dict[str, Any] = {}
     for e in table.TABLE:
         if e.from_bridge is None:
             continue
-        v = e.from_bridge(parsed)
+        try:
+            v = e.from_bridge(parsed)
+        except Refused as r:
+            wrong.append(str(r))
+            continue
         if v:
             values.update(v)
+    if wrong:
+        raise Refused(f"{len(wrong)} override{'s' if len(wrong) > 1 else ''} refused:\n  " + "\n  ".join(wrong))
     if recipe:
         notes.append(f"--recipe {recipe}: its model provider and settings are not read; what the overrides do not "
                      "set comes from the moe_hydra presets")

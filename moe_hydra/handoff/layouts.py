@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from moe_hydra.core import overrides
+from moe_hydra.core import io, overrides
 from moe_hydra.core.resolved import resolve
 from moe_hydra.core.violations import LayoutError
 from moe_hydra.handoff import export
@@ -50,7 +50,7 @@ def write_exports(sweep_dir: Path, ranked: list[dict[str, Any]], base: list[str]
         for fmt in export.FORMATS:
             x = export.export(fmt, c, r, [*base, *row["overrides"]])
             path = out_dir / f"{name}.{SUFFIX[fmt]}"
-            path.write_text(f"# rank {row['rank']} of the layout search: {row['layout']}\n" + x.text)
+            io.write_text(path, f"# rank {row['rank']} of the layout search: {row['layout']}\n" + x.text)
             written.append(str(path))
             if x.unmapped:
                 unmapped[path.name] = x.unmapped

@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from moe_hydra.core.errors import EXIT_FAILED, EXIT_OK, EXIT_REFUSED
+from moe_hydra.core.errors import EXIT_FAILED, EXIT_OK, EXIT_REFUSED, Failed, Refused
 from moe_hydra.core.io import read_json
 from moe_hydra.launch import slurm_jobs
 from moe_hydra.launch.attempts import read_attempts
-from moe_hydra.launch.ledger import SWEEP_FILE, Point, fill_from_results, read_sweep, save_refreshed
+from moe_hydra.launch.ledger import Point, fill_from_results, load_points, read_sweep, save_refreshed
 from moe_hydra.launch.outcome import (ACTIVE_STATES, DONE_STATES, SUBMITTED, complete, point_results,
                                       results_outcome, state_of)
 
@@ -148,10 +148,10 @@ def _slurm_here() -> bool:
 def status(sweep_dir: Path, slurm: bool | None = None, save: bool = True) -> list[Point]:
     """The sweep's points, refreshed from the files they wrote and from Slurm (when ``sacct`` is here), and
     written back to sweep.json (``save``)."""
-    data = read_sweep(sweep_dir)
-    if data is None:
+    loaded = load_points(sweep_dir)
+    if loaded is None:
         return local_points(sweep_dir)
-    points = [Point.from_json(p) for p in data["points"]]
+    points = loaded[1]
     refresh(points, slurm=_slurm_here() if slurm is None else slurm)
     if save:
         with contextlib.suppress(OSError):  # a sweep directory one may only read
@@ -164,11 +164,12 @@ def wait(sweep_dir: Path, on_change: Callable[[list[Point]], None] | None = None
     """Block until every point of the sweep has ended; its points, settled. Files (result pickles, results.json)
     are looked at every ``tick_s``; Slurm is asked at submitit's pace (its watcher: 2, 4, 8, ... s, then every
     :data:`POLL_S`), and once more, afresh, before the end is declared (a job Slurm requeued after a node failure
-    is out again)."""
-    data = read_sweep(sweep_dir)
-    if data is None:
-        raise FileNotFoundError(f"{sweep_dir} has no {SWEEP_FILE} (is this a Slurm sweep directory?)")
-    points = [Point.from_json(p) for p in data["points"]]
+    is out again). A local multirun (no sweep.json) has ended when its command returned: its points as they are.
+    """
+    loaded = load_points(sweep_dir)
+    if loaded is None:
+        return local_points(sweep_dir)
+    points = loaded[1]
     slurm = _slurm_here()
     refresh(points, slurm=slurm)
     last = None
@@ -217,8 +218,17 @@ def cancel(sweep_dir: Path) -> list[Point]:
     points = status(sweep_dir)
     out = [p for p in points if p.active and p.slurm_job_id]
     if out:
-        subprocess.run([slurm_jobs.job_class()._cancel_command, *[str(p.slurm_job_id) for p in out]], check=True,
-                       capture_output=True, text=True, timeout=120)
+        command = [slurm_jobs.job_class()._cancel_command, *[str(p.slurm_job_id) for p in out]]
+        try:
+            subprocess.run(command, check=True, capture_output=True, text=True, timeout=120)
+        except FileNotFoundError:
+            raise Failed(f"{command[0]} is not installed here: cancel from a Slurm login node "
+                         f"({' '.join(command)})") from None
+        except subprocess.CalledProcessError as e:
+            said = (e.stderr or e.stdout or "").strip().splitlines()
+            raise Failed(f"{' '.join(command)} exited {e.returncode}: {said[-1] if said else 'no message'}") from None
+        except subprocess.TimeoutExpired:
+            raise Failed(f"{' '.join(command)} did not answer in 120 s; Slurm may be down (sinfo)") from None
     return out
 
 
@@ -265,22 +275,28 @@ def local_points(sweep_dir: Path) -> list[Point]:
     A point Hydra could not compose has no directory; the sweep's own summary named it.
 
     Raises:
-        FileNotFoundError: ``sweep_dir`` has neither ``sweep.json`` nor a point directory.
+        Refused: ``sweep_dir`` has neither ``sweep.json`` nor a point directory, or a point's ``.hydra`` files
+            cannot be read.
     """
     from omegaconf import OmegaConf
 
     points = []
     for hydra_dir in sorted(sweep_dir.glob("*/.hydra")):
-        num = OmegaConf.select(OmegaConf.load(hydra_dir / "hydra.yaml"), "hydra.job.num", default=None)
+        try:
+            num = OmegaConf.select(OmegaConf.load(hydra_dir / "hydra.yaml"), "hydra.job.num", default=None)
+            overrides = list(OmegaConf.load(hydra_dir / "overrides.yaml"))
+            stage = OmegaConf.load(hydra_dir / "config.yaml").get("stage")
+        except Exception as e:  # noqa: BLE001 - missing, truncated, not YAML: omegaconf and yaml raise their own
+            raise Refused(f"{hydra_dir}: unreadable ({type(e).__name__}); is {sweep_dir} a sweep directory?") from None
         if num is None:  # a single run's directory
             continue
-        p = Point(num=num, overrides=list(OmegaConf.load(hydra_dir / "overrides.yaml")), dir=str(hydra_dir.parent))
-        read, stage = point_results(hydra_dir.parent), OmegaConf.load(hydra_dir / "config.yaml").get("stage")
+        p = Point(num=num, overrides=overrides, dir=str(hydra_dir.parent))
+        read = point_results(hydra_dir.parent)
         p.state, p.error = _local_outcome(hydra_dir.parent, stage, read)
         fill_from_results(p, complete(read[0]))
         points.append(p)
     if not points:
-        raise FileNotFoundError(f"{sweep_dir} has no sweep.json and no point directories (is this a sweep directory?)")
+        raise Refused(f"{sweep_dir} has no sweep.json and no point directories (is this a sweep directory?)")
     return points
 
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterator
 
-from moe_hydra.core.io import read_json, utc_now, write_json
+from moe_hydra.core.io import read_json, read_named, utc_now, write_json
 from moe_hydra.launch.outcome import ACTIVE_STATES, DONE_STATES
 
 SWEEP_FILE = "sweep.json"
@@ -54,7 +55,16 @@ class Point:
 
     @classmethod
     def from_json(cls, entry: dict[str, Any]) -> Point:
-        """An entry of sweep.json (any version: keys it lacks take their defaults, unknown keys are left out)."""
+        """An entry of sweep.json (any version: keys it lacks take their defaults, unknown keys are left out).
+
+        Raises:
+            ValueError: not an object, or without its ``num`` (an integer), ``overrides`` (a list) or ``dir``.
+        """
+        if not isinstance(entry, dict):
+            raise ValueError(f"a point is a {type(entry).__name__}, not an object")
+        bad = [k for k, kind in (("num", int), ("overrides", list), ("dir", str)) if not isinstance(entry.get(k), kind)]
+        if bad:
+            raise ValueError(f"point {entry.get('num', '?')} has no valid {', '.join(bad)}")
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in entry.items() if k in known})
 
@@ -80,8 +90,34 @@ def _locked(sweep_dir: Path) -> Iterator[None]:
 
 
 def read_sweep(sweep_dir: Path) -> dict[str, Any] | None:
+    """sweep.json, or None when it is missing or unreadable (what a writer rewrites)."""
     data = read_json(sweep_dir / SWEEP_FILE)
     return data if isinstance(data, dict) and isinstance(data.get("points"), list) else None
+
+
+def load_points(sweep_dir: Path) -> tuple[dict[str, Any], list[Point]] | None:
+    """sweep.json and its points, for the commands that follow a sweep; None when there is no sweep.json.
+
+    Raises:
+        Refused: a sweep.json that is there but unreadable, not JSON, without a ``points`` list or with a point
+            that lacks its fields (said as such, never as "missing").
+    """
+    from moe_hydra.core.errors import Refused
+
+    path = sweep_dir / SWEEP_FILE
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(read_named(path, "the ledger"))
+    except (ValueError, RecursionError) as e:
+        raise Refused(f"{path}: not JSON ({type(e).__name__}: {str(e).splitlines()[0]}); it is rewritten only "
+                      "when the sweep is launched again") from None
+    if not isinstance(data, dict) or not isinstance(data.get("points"), list):
+        raise Refused(f"{path}: not a sweep ledger (no points list)")
+    try:
+        return data, [Point.from_json(p) for p in data["points"]]
+    except ValueError as e:
+        raise Refused(f"{path}: {e}") from None
 
 
 def write_sweep(sweep_dir: Path, points: list[Point], **meta: Any) -> Path:

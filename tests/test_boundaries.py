@@ -266,3 +266,44 @@ def test_an_interrupted_write_leaves_the_old_file_and_no_temporary(tmp_path, mon
         io.write_json({"points": [1, 2]}, target)
     monkeypatch.setattr(os, "replace", real)
     assert json.loads(target.read_text()) == {"points": [1]} and [p.name for p in tmp_path.iterdir()] == ["sweep.json"]
+
+
+# ----------------------------------------------------------------------------- the commands that follow a sweep
+
+def test_sweep_wait_on_a_local_multirun_reports_its_points(tmp_path):
+    sweep = tmp_path / "sweep"
+    r = run_cli("stage=plan", "dispatcher=alltoall,allgather", f"hydra.sweep.dir={sweep}", "-m", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for verb in ("status", "wait"):  # wait said "is this a Slurm sweep directory?" (exit 2) where status worked
+        w = subprocess.run([sys.executable, "-m", "moe_hydra.sweep", verb, str(sweep)], capture_output=True,
+                           text=True, timeout=120)
+        assert w.returncode == 0 and quiet(w), w.stderr[-2000:]
+        assert w.stdout.count("PLANNED") >= 2, w.stdout
+
+
+def test_a_failing_scancel_is_one_line_naming_its_message(tmp_path, monkeypatch, capsys):
+    from moe_hydra.commands import run_command
+    from moe_hydra.launch import follow, slurm_jobs
+    from moe_hydra.launch.ledger import Point
+
+    scancel = tmp_path / "scancel"
+    scancel.write_text("#!/bin/sh\necho 'scancel: error: Kill job error on job id 4242: Access/permission denied' >&2\n"
+                       "exit 1\n")
+    scancel.chmod(0o755)
+    monkeypatch.setattr(follow, "status", lambda d: [Point(num=0, overrides=[], dir=str(tmp_path), state="RUNNING",
+                                                           slurm_job_id="4242")])
+    monkeypatch.setattr(slurm_jobs, "job_class", lambda: type("Job", (), {"_cancel_command": str(scancel)}))
+    assert run_command("sweep", ["cancel", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1 and "Access/permission denied" in err and "exited 1" in err
+
+
+def test_ingest_names_every_refused_flag_at_once(capsys):
+    from moe_hydra.commands import run_command
+
+    code = run_command("ingest", ["megatron-lm", "--", "pretrain_gpt.py", "--num-layers", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    missing = ("--hidden-size", "--num-attention-heads", "--micro-batch-size", "--global-batch-size", "--seq-length",
+               "--train-iters")
+    assert all(f"no {flag}" in err for flag in missing), err  # one call says them all (it took four round trips)

@@ -142,6 +142,51 @@ def test_diff_orders_the_first_differing_knob_first_and_names_the_walls(tmp_path
     assert run_command("diff", [str(a), str(b)]) == 0
 
 
+def test_diff_states_what_changes_the_reading_and_reads_each_figure_against_the_noise(tmp_path, capsys):
+    """A profile=window run of 15 steps against a plain one of 10: the config is the same, but the diff says the
+    steps, the window and the profiling differ, reads the loss at step 10 in both (not 15 against 10) and puts the
+    step time's change beside the noise it is read against (declared 20 %: -21.6 % alone meant nothing)."""
+    rng = random.Random(11)
+    loss = [7.0 - 0.1 * i for i in range(15)]
+    a = fake_run(tmp_path, "plain", noisy(100, 10, rng), swept=(), loss={"first": 7.0, "last": loss[9],
+                 "per_step": loss[:10], "all_finite": True, "nan_or_skipped": 0}, profile_steps=None, profile=None)
+    b = fake_run(tmp_path, "traced", noisy(80, 15, rng), swept=(), window=[4, 15],
+                 loss={"first": 7.0, "last": loss[14], "per_step": loss, "all_finite": True, "nan_or_skipped": 0},
+                 profile_steps=[11, 13], profile={"steps": [11, 13]})
+    for d in (a, b):  # the declared noise of a shared CPU
+        res = json.loads((d / "results.json").read_text())
+        res["contract"]["hardware"] = {"run_to_run_noise": 0.2}
+        (d / "results.json").write_text(json.dumps(res))
+    report = diagnosis.diagnose(*load_runs([a, b], print).runs, print)
+    assert report["config"] == []
+    reading = {what: (va, vb) for what, va, vb, _ in report["reading"]}
+    assert reading["steps"] == (10, 15) and list(map(list, reading["window measured"])) == [[4, 10], [4, 15]]
+    assert "profiled steps" in reading and report["metric"] == contract.STEP_TIME
+    assert ("loss at step 10" in report["metrics"] and "loss.last" not in report["metrics"]
+            and report["metrics"]["loss at step 10"][2] == 0)
+    va, vb, rel, noise = report["metrics"]["step_time_ms"]
+    assert rel < -0.1 and "against the run-to-run noise 20.0% (declared)" in noise
+    assert report["step_time"]["verdict"] == UNDECIDED and report["noise_floor"]["value"] == 0.2
+    assert run_command("diff", [str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "reading (3 differences" in out and "profile=window" in out and "run-to-run noise 20.0%" in out
+
+
+def test_diff_of_runs_that_train_different_work_judges_time_per_token(tmp_path):
+    rng = random.Random(12)
+    a = fake_run(tmp_path, "a", noisy(100, 20, rng), swept=())
+    b = fake_run(tmp_path, "b", noisy(150, 20, rng), seq=256, swept=())  # twice the tokens, 1.5x the time
+    for d in (a, b):  # what Work.of reads: the batch, the GPUs
+        res = json.loads((d / "results.json").read_text())
+        res["contract"]["train"].update(global_batch_size=8, micro_batch_size=4)
+        res["contract"]["hardware"] = {"nodes": 1, "devices_per_node": 1, "run_to_run_noise": 0.02}
+        (d / "results.json").write_text(json.dumps(res))
+    report = diagnosis.diagnose(*load_runs([a, b], print).runs, print)
+    assert report["metric"] == contract.THROUGHPUT and report["unlike"] is None  # seq_length is a work key
+    assert report["step_time"]["verdict"] == FASTER  # per token: 0.75 of the time
+    assert any(what == "tokens a step per GPU" for what, *_ in report["reading"])
+
+
 @pytest.mark.slow
 @pytest.mark.serial
 def test_real_runs_a_known_effect_is_detected(cli, tmp_path):

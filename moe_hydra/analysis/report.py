@@ -180,12 +180,18 @@ def print_diff(out, report: dict[str, Any]) -> None:
     out.print(f"[bold]config[/bold] ({len(report['config'])} differences, first differing knob first)")
     for k, va, vb in report["config"]:
         out.print(f"  {k}: {va!r} -> {vb!r}", highlight=False, markup=False)
+    out.print(f"[bold]reading[/bold] ({len(report['reading'])} differences that change how the figures compare)")
+    for what, va, vb, why in report["reading"]:
+        out.print(f"  {what}: {va!r} -> {vb!r}: {why}", highlight=False, markup=False)
+    if report.get("unlike"):
+        out.print(f"  not like with like: {report['unlike']}", highlight=False, markup=False)
     out.print(f"[bold]environment[/bold] ({len(report['env'])} differences)")
     for k, va, vb in report["env"]:
         out.print(f"  {k}: {va!r} -> {vb!r}", highlight=False, markup=False)
     out.print("[bold]metrics[/bold]")
-    for k, (va, vb, rel) in report["metrics"].items():
-        out.print(f"  {k}: {va} -> {vb}" + (f" ({rel:+.2%})" if rel is not None else ""), highlight=False)
+    for k, (va, vb, rel, noise) in report["metrics"].items():
+        out.print(f"  {k}: {va} -> {vb}" + (f" ({rel:+.2%})" if rel is not None else "")
+                  + (f"; {noise}" if noise else ""), highlight=False, markup=False)
     out.print("[bold]walls[/bold]")
     for wall, verdict in report["walls"].items():
-        out.print(f"  {wall}: {verdict}", highlight=False)
+        out.print(f"  {wall}: {verdict}", highlight=False, markup=False)

@@ -309,6 +309,31 @@ def test_published_layouts_are_legal_fit_and_rank_within_5_percent_of_the_best(m
     assert match[0].rank <= len(search.tied_set(ranked))
 
 
+def test_the_ready_to_run_sweep_trains_the_layouts_a_planned_search_ranked(tmp_path):
+    """run_top.sh is the search's command less its stage (a search run with stage=plan writes a sweep that trains)
+    and adds its own arguments (run_top.sh stage=plan plans them again)."""
+    import subprocess
+
+    from moe_hydra.launch.layout_sweeper import write_sweep
+
+    row = {"rank": 1, "layout": "TP1 EP2", "recompute": "none", "memory_gib": 1.0, "step_time_s": 0.1,
+           "overrides": ["parallel.expert_model_parallel_size=2"]}
+    base = ["stage=plan", "model=tiny_moe", "hardware.devices_per_node=2"]
+    out = write_sweep(tmp_path, [row], base)
+    assert "stage" not in out["command"] and "model=tiny_moe hardware.devices_per_node=2" in out["command"]
+    bin_dir = tmp_path / "bin"  # a python that prints its arguments: what the script would run
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    (bin_dir / "python").chmod(0o755)
+    r = subprocess.run(["bash", out["script"], "stage=plan", "hydra.sweep.dir=x y"], capture_output=True, text=True,
+                       env={**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}, timeout=30)
+    args = r.stdout.splitlines()
+    assert r.returncode == 0 and args[:2] == ["-m", "moe_hydra"], r
+    assert args[2:6] == ["-m", "model=tiny_moe", "hardware.devices_per_node=2",
+                         f"hydra.searchpath=[file://{(tmp_path / 'search').resolve()}]"], args
+    assert args[6:] == ["experiment=layout_01", "stage=plan", "hydra.sweep.dir=x y"], args
+
+
 @pytest.mark.slow
 def test_layout_sweeper_writes_layouts_and_a_ready_to_run_sweep(cli, tmp_path):
     r = cli("stage=plan", "model=qwen3_30b_a3b", H100, "hardware.nodes=2", "hydra/sweeper=layout", "-m")
@@ -318,10 +343,12 @@ def test_layout_sweeper_writes_layouts_and_a_ready_to_run_sweep(cli, tmp_path):
     assert ranked[0]["rank"] == 1 and ranked[0]["terms_s"]["step"] == ranked[0]["step_time_s"]
     assert report["counts"]["candidates"] == len(report["candidates"])
     assert "layout search: qwen3_30b_a3b on 16 x h100_sxm" in r.stdout
-    # the ready-to-run sweep composes, plans each layout as the search estimated it, one contract for all
-    script = (tmp_path / "multi" / "run_top.sh").read_text().splitlines()[-1]
+    # the ready-to-run sweep runs (the search's stage=plan left out; its own arguments added: here stage=plan), and
+    # composes and plans each layout as the search estimated it, one contract for all
+    script = shlex.split((tmp_path / "multi" / "run_top.sh").read_text().splitlines()[-1])
+    assert script[:3] == ["python", "-m", "moe_hydra"] and script[-1] == "$@" and "stage=plan" not in script
     out = tmp_path / "again"
-    r2 = run_cli(*shlex.split(script)[3:], f"hydra.sweep.dir={out}", cwd=tmp_path)
+    r2 = run_cli(*script[3:-1], "stage=plan", f"hydra.sweep.dir={out}", cwd=tmp_path)
     assert r2.returncode == 0, r2.stderr
     plans = {int(p.parent.name): json.loads(p.read_text()) for p in out.glob("*/plan.json")}
     assert len(plans) == len(ranked[:15])
@@ -355,3 +382,16 @@ def test_screening_measures_the_top_layouts_on_this_machine(cli, tmp_path):
     hashes = {json.loads((tmp_path / "multi" / str(i) / "results.json").read_text())["contract_hash"]
               for i in range(len(arms))}
     assert len(hashes) == 1  # the arms differ only in what the search varied
+
+
+def test_the_screening_ranks_like_with_like_and_refuses_layouts_of_different_work():
+    from moe_hydra.core.errors import Refused
+    from moe_hydra.launch.layout_sweeper import rank_measured
+
+    def arm(name, mean, work):
+        return {"layout": name, "predicted_rank": 1, "samples_ms": [mean, mean + 1, mean - 1], "work": work}
+
+    table = rank_measured([arm("TP1", 100, [1024, 8, 8]), arm("TP2", 90, [1024, 8, 4])], 0.0)
+    assert table["metric"] == "step_time_ms" and table["arms"][0]["layout"] == "TP2"
+    with pytest.raises(Refused, match="different work a step"):  # a search that changed the batch or the GPUs
+        rank_measured([arm("TP1", 100, [1024, 8, 8]), arm("TP2", 90, [2048, 8, 8])], 0.0)

@@ -161,7 +161,7 @@ def measure(works: list[Work | None], variables: list[str], labels: list[str] | 
     keys their design varies: :data:`STEP_TIME` when every arm trains the same tokens a step on as many GPUs;
     :data:`THROUGHPUT` when they do not and a variable is one that sets the work (:data:`WORK_KEYS`: the design
     varies it on purpose) -- judged as time per token, its reciprocal, so that faster stays lower. The one place
-    this is decided: compare and repeat=auto ask it before they judge anything.
+    this is decided: compare, diff, repeat=auto and the layout screening ask it before they judge anything.
 
     Raises:
         Refused: the arms do different work a step and no variable says it is the point (a micro batch swept with

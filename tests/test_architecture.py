@@ -313,14 +313,14 @@ def test_an_old_spelling_answers_as_the_command_it_became(flag, target, prog):
     import contextlib
     import io
 
-    from moe_hydra.commands import command, run_command
+    from moe_hydra.commands import command, run_command, user_text
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as e:
         run_command("compare", [flag, "--help"], prog=prog)
     new = prog[: -len("compare")] + target
     assert e.value.code == 0 and out.getvalue().startswith(f"usage: {new} "), out.getvalue()[:200]
-    assert command(target).__doc__.strip().splitlines()[0] in out.getvalue()
+    assert user_text(command(target).__doc__).strip().splitlines()[0] in out.getvalue()
 
 
 def test_no_test_imports_a_benchmark_and_no_benchmark_a_test():

@@ -3,9 +3,11 @@
     moe-hydra [run] [OVERRIDES...] [-m]      python -m moe_hydra [OVERRIDES...] [-m]
     moe-hydra <command> [ARGS...]            python -m moe_hydra.<command> [ARGS...]
 
-A command is a module of this package (named in :data:`COMMANDS`; a module whose name starts with ``_`` is a helper):
+A command is a module of this package, named in :data:`COMMANDS` (the one list ``moe-hydra --help`` and the README
+name; tests/test_help.py fails on a module missing from it); a module whose name starts with ``_`` is a helper:
 
-- its docstring is its ``--help``, the first line its summary in ``moe-hydra --help``;
+- its docstring is its ``--help``, the first line its summary in ``moe-hydra --help``: written for users (what it
+  does, then ``examples:``; no reST roles, no internals; ``x`` shows as x), which tests/test_help.py checks;
 - ``EXITS`` says what each exit code it can end with means for it (the codes: :mod:`moe_hydra.core.errors`);
 - ``arguments(parser)`` adds its arguments to an ``argparse`` parser, and ``run(args)`` does the work, returning an
   exit code (None: 0) or raising :class:`~moe_hydra.core.errors.Refused` (bad input, exit 2) or
@@ -24,10 +26,13 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import signal
 import sys
+import threading
 from types import ModuleType
 
-from moe_hydra.core.errors import EXIT_FAILED, EXIT_OK, EXIT_REFUSED, Failed, Refused, exit_code_help, signal_exit
+from moe_hydra.core.errors import (EXIT_FAILED, EXIT_OK, EXIT_REFUSED, Failed, Refused, Terminated, exit_code_help,
+                                   raise_terminated, signal_exit)
 
 # In the order moe-hydra --help lists them: the loop's order, then the hand-off and the data
 COMMANDS = ("run", "compare", "accept", "diff", "regress", "noise", "sweep", "export", "ingest", "data")
@@ -38,15 +43,21 @@ def command(name: str) -> ModuleType:
     return importlib.import_module(f"moe_hydra.commands.{name}")
 
 
+def user_text(doc: str | None) -> str:
+    """A command's docstring as its users read it: plain text (the reST literal marks ``x`` become x)."""
+    return (doc or "").replace("``", "")
+
+
 def summary(module: ModuleType) -> str:
     """A command's one-line summary: the first line of its docstring."""
-    return (module.__doc__ or "").strip().splitlines()[0].rstrip(".").replace("``", "")
+    return user_text(module.__doc__).strip().splitlines()[0].rstrip(".")
 
 
 def parser(name: str, prog: str) -> argparse.ArgumentParser:
-    """The argparse parser of command ``name``: its docstring as the description, its exit codes as the epilog."""
+    """The argparse parser of command ``name``: its docstring as the description (:func:`user_text`), its exit codes
+    as the epilog."""
     module = command(name)
-    ap = argparse.ArgumentParser(prog=prog, description=module.__doc__,
+    ap = argparse.ArgumentParser(prog=prog, description=user_text(module.__doc__),
                                  epilog=exit_code_help(module.EXITS, getattr(module, "SIGNALS", False)),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     module.arguments(ap)
@@ -62,6 +73,8 @@ def run_command(name: str, argv: list[str] | None = None, prog: str | None = Non
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     prog = prog or f"moe-hydra {name}"
+    previous = (signal.signal(signal.SIGTERM, raise_terminated) if threading.current_thread() is threading.main_thread()
+                else None)
     try:
         module = command(name)  # inside: Ctrl-C during its imports is an interruption too
         if hasattr(module, "main"):  # the run command: Hydra parses its command line
@@ -88,12 +101,26 @@ def run_command(name: str, argv: list[str] | None = None, prog: str | None = Non
     except KeyboardInterrupt:
         print(f"moe_hydra.{name}: interrupted", file=sys.stderr, flush=True)
         return signal_exit("SIGINT")
+    except Terminated:
+        print(f"moe_hydra.{name}: terminated (SIGTERM)", file=sys.stderr, flush=True)
+        return signal_exit("SIGTERM")
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return EXIT_OK if code is None else code
+
+
+def _exit(code: int) -> None:
+    """End the process with ``code``: the command has ended, so a SIGINT or SIGTERM that comes now is held back
+    (blocked) rather than killing the interpreter on its way out, which would replace the code with a death by
+    signal."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    sys.exit(code)
 
 
 def entry(name: str) -> None:
     """``python -m moe_hydra.<name>``: the command, then its exit code."""
-    sys.exit(run_command(name, sys.argv[1:], prog=f"python -m moe_hydra.{name}"))
+    _exit(run_command(name, sys.argv[1:], prog=f"python -m moe_hydra.{name}"))
 
 
 def overview() -> str:
@@ -114,9 +141,9 @@ def cli() -> None:
     args = sys.argv[1:]
     if args and args[0] in ("-h", "--help"):  # the commands, then the run command's config groups and keys
         print(overview() + "\n\n== The run command (python -m moe_hydra, moe-hydra run) ==\n", flush=True)
-        sys.exit(run_command("run", ["--help"]))
+        _exit(run_command("run", ["--help"]))
     if args and args[0] in COMMANDS:
-        sys.exit(run_command(args[0], args[1:], prog=f"moe-hydra {args[0]}"))
+        _exit(run_command(args[0], args[1:], prog=f"moe-hydra {args[0]}"))
     if args and not args[0].startswith(("-", "+", "~")) and "=" not in args[0]:
         close = difflib.get_close_matches(args[0], COMMANDS, n=1)
         hint = f"; did you mean 'moe-hydra {close[0]}'?" if close else ""

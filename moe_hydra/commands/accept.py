@@ -4,10 +4,15 @@
 
 A run is accepted when it is training-equivalent (real data, and the loss falls over the steady window), ran
 >= 50 steps with a window of >= 10, has a finite loss with no NaN or skipped step, and carries the evidence, read
-from the built model, that each variable under test was active (:mod:`moe_hydra.analysis.acceptance`). Every
+from the built model, that each variable under test was active. Every
 results.json under the directories must pass: one that is stopped, failed or fails its schema is a refusal too.
 The accepted run's evidence bundle is printed; ``--save-baseline FILE`` keeps the one accepted run as a baseline
 file (golden values with their intervals) that ``moe-hydra regress`` judges later runs against.
+
+examples:
+  python -m moe_hydra data.kind=megatron "data.path=[data/docs]" "contract.window=[41,50]" hydra.run.dir=outputs/validate
+  moe-hydra accept outputs/validate
+  moe-hydra accept outputs/validate --save-baseline baselines/tiny.json
 """
 
 from __future__ import annotations

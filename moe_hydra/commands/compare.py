@@ -6,7 +6,7 @@
 Runs (``results.json`` under the directories, each counted once) are grouped by their contract with the compared
 variables left out: the variables swept by the runs' own multirun, or ``--variable``. Arms of a group differ only in
 those variables by construction; runs that differ in anything else are never compared, and when no group has two
-arms the comparison is refused with the contract diff shown (:mod:`moe_hydra.analysis.compare`).
+arms the comparison is refused with the contract diff shown.
 
 The noise each verdict names: the arms' own when they were repeated (repeat=0,1,2); else a measured run-to-run noise
 (``--noise FILE``, else ``compare.noise_file`` as the runs or the site file set it; ``moe-hydra noise`` writes one);
@@ -23,6 +23,11 @@ directory.
 The other judgements of runs are commands of their own; compare still takes their old spellings:
 ``compare --accept DIR`` is ``moe-hydra accept DIR``, ``compare --diff A B`` is ``moe-hydra diff A B``, and
 ``compare --against FILE DIR`` is ``moe-hydra regress FILE DIR``.
+
+examples:
+  moe-hydra compare outputs/ab                      every arm of the sweep in outputs/ab against the baseline arm
+  moe-hydra compare outputs/ab --noise outputs/noise/noise.json --equivalence 2%
+  moe-hydra compare outputs/ab --baseline dispatcher=allgather --out reports/ab
 """
 
 from __future__ import annotations

@@ -7,8 +7,11 @@ Megatron-LM's ``tools/preprocess_data.py`` writes, in the smallest dtype that ho
 byte-level tokenizer) and ``DIR/NAME.tokenizer.json``, the tokenizer it was made with (``vocab_size``, ``eod``,
 ``pad``), which the job and the plan read. The tokenizer works offline: byte-level, ids 0..255 the UTF-8 bytes of
 the text, 256 the end of a document (appended to each, as ``--append-eod`` does), 257 padding. One document per
-file, or per paragraph (text between blank lines). It prints the prefix to pass as ``data.path`` and the counts
-(:func:`moe_hydra.job.data.prepare`).
+file, or per paragraph (text between blank lines). It prints the prefix to pass as ``data.path`` and the counts.
+
+examples:
+  moe-hydra data prepare --out data/docs docs/*.md README.md
+  python -m moe_hydra data.kind=megatron "data.path=[data/docs]"     train on it
 """
 
 from __future__ import annotations

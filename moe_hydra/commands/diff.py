@@ -7,7 +7,11 @@ a performance engineer reads it: parallel, dispatcher, routing, precision, ...) 
 (env.json: versions, variables, Slurm, host, git), how each metric moved (step time, host and device time, tokens/s,
 TFLOP/s, peak memory, the last loss), and which wall moved: with a profile.json in both (``profile=window``), each
 wall's ms/step with its 95 % interval, beyond the noise floor (``--noise-floor``, default the hardware's declared
-run-to-run noise); without, what the step's host and device times say (:mod:`moe_hydra.analysis.diagnosis`).
+run-to-run noise); without, what the step's host and device times say.
+
+examples:
+  moe-hydra diff outputs/ab/0 outputs/ab/1
+  moe-hydra diff outputs/runs/2025-01-06/09-00-00 outputs/runs/2025-01-07/09-00-00 --noise-floor 0.02
 """
 
 from __future__ import annotations

@@ -5,7 +5,11 @@
 
 Overrides are composed as ``python -m moe_hydra`` would and checked by the same rules. The command goes to stdout (a
 '# moe_hydra:' line, the launcher line, one flag or override per line); what it could not say goes to stderr.
-``moe-hydra ingest`` reads it back. The mapping: :mod:`moe_hydra.handoff` (docs/handoff.md).
+``moe-hydra ingest`` reads it back. The mapping: docs/handoff.md.
+
+examples:
+  moe-hydra export megatron-lm model=qwen3_30b_a3b hardware=h100_sxm expert_mesh=ep8 > train.sh
+  moe-hydra export bridge outputs/runs/2025-01-06/09-00-00
 """
 
 from __future__ import annotations

@@ -3,9 +3,14 @@
     moe-hydra noise DIR [DIR ...] [--out DIR] [--pool]
 
 The repeats (e.g. ``python -m moe_hydra repeat=0,1,2,3,4,5,6,7 -m``, locally or on Slurm) give the between-run
-variance of one run's steady-window mean (:mod:`moe_hydra.analysis.noise`), written to ``noise.json`` in the first
+variance of one run's steady-window mean, written to ``noise.json`` in the first
 directory (or ``--out``). Point compare at it with ``--noise FILE`` or ``compare.noise_file`` (a site file sets it
 once for a cluster); ``repeat=auto`` reads it to decide an A/B in the fewest runs.
+
+examples:
+  python -m moe_hydra repeat=0,1,2,3,4,5,6,7 hydra.sweep.dir=outputs/noise -m
+  moe-hydra noise outputs/noise                     writes outputs/noise/noise.json
+  moe-hydra compare outputs/ab --noise outputs/noise/noise.json
 """
 
 from __future__ import annotations

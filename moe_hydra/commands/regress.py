@@ -4,7 +4,11 @@
 
 Every complete run under the directories that shares the baseline's contract (less ``--variable``) is judged
 against it: its step time against the baseline's with their intervals, its peak memory and its window loss within
-their tolerances (:mod:`moe_hydra.analysis.baseline`). It exits 3 when one regressed, so CI fails.
+their tolerances. It exits 3 when one regressed, so CI fails.
+
+examples:
+  moe-hydra accept outputs/validate --save-baseline baselines/tiny.json
+  moe-hydra regress baselines/tiny.json outputs/nightly          exit 3 when a run regressed
 """
 
 from __future__ import annotations

@@ -4,12 +4,17 @@
     moe-hydra sweep wait DIR      block until every point has ended, then the table; exit as the sweep's own command
     moe-hydra sweep cancel DIR    scancel every point still queued or running
 
-A point's state comes from what it left behind (results.json, violations.json, submitit's result pickle,
-attempts.json) and, on Slurm, from Slurm itself (one sacct for every job of the sweep, one squeue for those still
-out) — never from a log line, and never from the memory of the process that queued it (:mod:`moe_hydra.launch.follow`;
-the ledger it refreshes, sweep.json: :mod:`moe_hydra.launch.ledger`). A local multirun writes no sweep.json: its
-point directories are read instead. After ``wait``, a layout search whose screening was queued detached
-(``launcher.detach=true``) ranks its measured layouts (:func:`moe_hydra.launch.layout_sweeper.finish_screening`).
+A point's state comes from what it left in its directory (results.json, violations.json, its job's result) and,
+on Slurm, from Slurm itself (sacct and squeue) — never from a log line, and never from the memory of the process
+that queued it; sweep.json in the sweep directory keeps what was last seen. A local multirun writes no sweep.json:
+its point directories are read instead. After wait, a layout search whose screening was queued detached
+(launcher.detach=true) ranks its measured layouts.
+
+examples:
+  python -m moe_hydra launcher=slurm launcher.detach=true dispatcher=alltoall,allgather hydra.sweep.dir=outputs/ab -m
+  moe-hydra sweep status outputs/ab
+  moe-hydra sweep wait outputs/ab && moe-hydra compare outputs/ab
+  moe-hydra sweep cancel outputs/ab
 """
 
 from __future__ import annotations
@@ -19,15 +24,15 @@ import sys
 import time
 from pathlib import Path
 
-from moe_hydra.core.errors import EXIT_FAILED, EXIT_OK, EXIT_REFUSED, Refused, signal_exit
+from moe_hydra.core.errors import EXIT_FAILED, EXIT_OK, EXIT_REFUSED, signal_exit
 from moe_hydra.core.io import console
 from moe_hydra.launch import follow, progress
 from moe_hydra.launch.ledger import Point
 from moe_hydra.launch.outcome import SUBMITTED
 
 EXITS = {EXIT_OK: "status: every point complete or still out; wait: every point completed; cancel: done",
-         EXIT_FAILED: "a point ended without completing", EXIT_REFUSED: "not a sweep directory (wait: a point was "
-         "refused)"}
+         EXIT_FAILED: "a point ended without completing (cancel: scancel failed, its message said)", EXIT_REFUSED:
+         "not a sweep directory, or an unreadable sweep.json (wait: a point was refused)"}
 
 VERBS = {"status": "per-point state (live from Slurm), errors and logs; exit 1 when a point ended without completing",
          "wait": "block until every point has ended, then the table; exit 0 / 1 / 2 as the sweep's own command",
@@ -51,27 +56,24 @@ def _shown(points: list[Point]) -> None:
 def run(args: argparse.Namespace) -> int:
     out = console()
     title = f"sweep {args.sweep_dir}"
-    try:
-        if args.verb == "status":
-            points = follow.status(args.sweep_dir)
-            progress.report(points, title, out)
-            return EXIT_OK if all(p.ok or p.active or p.state == SUBMITTED for p in points) else EXIT_FAILED
-        if args.verb == "wait":
-            try:
-                points = follow.wait(args.sweep_dir, on_change=_shown)
-            except KeyboardInterrupt:
-                print(f"moe_hydra.sweep: stopped waiting; the points go on in Slurm "
-                      f"(moe-hydra sweep status {args.sweep_dir})", file=sys.stderr)
-                return signal_exit("SIGINT")
-            progress.report(points, title, out)
-            if (args.sweep_dir / "layouts.json").exists():
-                from moe_hydra.launch import layout_sweeper
+    if args.verb == "status":
+        points = follow.status(args.sweep_dir)
+        progress.report(points, title, out)
+        return EXIT_OK if all(p.ok or p.active or p.state == SUBMITTED for p in points) else EXIT_FAILED
+    if args.verb == "wait":
+        try:
+            points = follow.wait(args.sweep_dir, on_change=_shown)
+        except KeyboardInterrupt:
+            print(f"moe_hydra.sweep: stopped waiting; the points go on in Slurm "
+                  f"(moe-hydra sweep status {args.sweep_dir})", file=sys.stderr)
+            return signal_exit("SIGINT")
+        progress.report(points, title, out)
+        if (args.sweep_dir / "layouts.json").exists():
+            from moe_hydra.launch import layout_sweeper
 
-                layout_sweeper.finish_screening(args.sweep_dir)
-            return follow.exit_code(points)
-        cancelled = follow.cancel(args.sweep_dir)
-    except FileNotFoundError as e:
-        raise Refused(str(e)) from None
+            layout_sweeper.finish_screening(args.sweep_dir)
+        return follow.exit_code(points)
+    cancelled = follow.cancel(args.sweep_dir)
     print(f"moe_hydra.sweep: cancelled {len(cancelled)} point(s)"
           + (f": {' '.join(f'#{p.num} ({p.slurm_job_id})' for p in cancelled)}" if cancelled else
              " (none was queued or running)"))

@@ -46,6 +46,17 @@ class Failed(Exception):
         self.state = state
 
 
+class Terminated(BaseException):
+    """SIGTERM to a command, raised where the command was (as Ctrl-C raises KeyboardInterrupt, and like it not an
+    Exception: an ``except Exception`` does not swallow it), so that it ends the same way: its ``finally`` blocks
+    run, one line, 143. A job's own handlers (the local launcher's, a rank's) take over while it trains."""
+
+
+def raise_terminated(signum: int, frame) -> None:
+    """The SIGTERM handler a command runs under: :class:`Terminated` where it was."""
+    raise Terminated
+
+
 def signal_exit(signame: str) -> int:
     """The exit code of a command a signal stopped: 128 + the signal's number (SIGTERM -> 143)."""
     return EXIT_SIGNAL_BASE + signal.Signals[signame].value

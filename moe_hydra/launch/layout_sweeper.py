@@ -39,6 +39,7 @@ from hydra.plugins.sweeper import Sweeper
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from moe_hydra.analysis.runs import Run
+from moe_hydra.core import contract as contracts
 from moe_hydra.core import io, overrides, stats
 from moe_hydra.core.errors import Refused
 from moe_hydra.core.schema import Config, Stage, typed
@@ -237,7 +238,7 @@ def conclude(table: dict, base: list[str], screen_warmup: int, validate_steps: i
                       + (f" (within the noise of {', '.join(tie)}: of the tied layouts, the one the analytic "
                          "ranking puts first)" if tie else "")
                       + f":\n  {table['validate']['command']}", markup=False)
-    (sweep_dir / "screening.md").write_text(screening_markdown(table))
+    io.write_text(sweep_dir / "screening.md", screening_markdown(table))
 
 
 def finish_screening(sweep_dir: Path) -> dict | None:
@@ -267,6 +268,8 @@ def _arm(candidate: dict, res: dict | None, job_dir: Path | None) -> dict:
            "predicted_step_s": candidate["step_time_s"], "dir": str(job_dir), "status": "ok" if res else "failed"}
     if res:
         arm["samples_ms"] = Run(job_dir, res).window_steps
+        work = contracts.Work.of(res.get("contract") or {})
+        arm["work"] = [work.tokens_per_step, work.gpus, work.batch_unit] if work else None
         arm["tokens_per_s_per_gpu"] = res.get("tokens_per_s_per_gpu")
         arm["profile"] = res.get("profile")  # profile_top: the slowest rank's walls over the profiled steps
     return arm
@@ -287,6 +290,10 @@ def rank_measured(arms: list[dict], noise: float) -> dict:
     """Measured steady step time per arm, a 95 % t-interval of its mean, ranks, and ties with the fastest
     (Welch, with ``noise`` as the floor: one run per arm cannot tell differences below it)."""
     measured = [a for a in arms if len(a.get("samples_ms") or []) >= 2]
+    # like with like: the layouts of one search train the same tokens a step on the same GPUs, so step time ranks
+    # them; contract.measure refuses a screening where they do not (its variable is the layout, not the work)
+    contracts.measure([contracts.Work(*a["work"]) if a.get("work") else None for a in measured], ["layout"],
+                      [a["layout"] for a in measured])
     for a in measured:
         mean, low, high = stats.mean_interval(a["samples_ms"])
         a.update(step_ms=mean, ci_ms=[low, high])
@@ -309,13 +316,15 @@ def rank_measured(arms: list[dict], noise: float) -> dict:
     failed = [a for a in arms if a not in measured]
     for a in failed:
         a["measured_rank"] = None
-    return {"noise_floor": noise, "confidence": 0.95, "arms": measured + failed,
+    return {"noise_floor": noise, "confidence": 0.95, "metric": contracts.STEP_TIME, "arms": measured + failed,
             "counter": "steady-window step times (results.json step_times_ms), mean and 95 % t-interval"}
 
 
 def write_sweep(sweep_dir: Path, ranked: list[dict], base: list[str]) -> dict:
     """The top layouts as ``experiment`` options (``search/experiment/layout_NN.yaml``: an experiment may
-    override other groups, such as recompute) and one multirun over them."""
+    override other groups, such as recompute) and one multirun over them that runs them: the search's overrides
+    less its ``stage`` (a search planned with ``stage=plan`` or ``fit`` writes a sweep that trains, the default
+    stage); ``run_top.sh`` adds its own arguments to the command (``run_top.sh stage=plan`` plans them again)."""
     mesh_dir = sweep_dir / "search" / "experiment"
     mesh_dir.mkdir(parents=True, exist_ok=True)
     names = []
@@ -327,12 +336,15 @@ def write_sweep(sweep_dir: Path, ranked: list[dict], base: list[str]) -> dict:
         if groups:
             lines.append("defaults:\n" + "\n".join(f"  - override /{g}: {v}" for g, v in groups))
         tree = overrides.tree(c["overrides"])
-        (mesh_dir / f"{name}.yaml").write_text("\n".join(lines) + "\n" + OmegaConf.to_yaml(tree))
+        io.write_text(mesh_dir / f"{name}.yaml", "\n".join(lines) + "\n" + OmegaConf.to_yaml(tree))
         names.append(name)
-    command = _command(["-m", *base, f"hydra.searchpath=[file://{(sweep_dir / 'search').resolve()}]",
+    runs = [a for a, o in zip(base, overrides.parse(base)) if o.key_or_group != "stage"]  # the default stage: run
+    command = _command(["-m", *runs, f"hydra.searchpath=[file://{(sweep_dir / 'search').resolve()}]",
                         f"experiment={','.join(names)}"])
     script = sweep_dir / "run_top.sh"
-    script.write_text(f"#!/usr/bin/env bash\n# The top {len(names)} layouts of this search as one sweep.\n{command}\n")
+    io.write_text(script, f"#!/usr/bin/env bash\n# The top {len(names)} layouts of this search as one sweep that trains "
+                      f"and measures each; overrides given to it are added (run_top.sh stage=plan plans them only)."
+                      f"\n{command} \"$@\"\n")
     mode = script.stat().st_mode
     script.chmod(mode | (mode & 0o444) >> 2)  # executable by whoever may read it (the umask decides who)
     from moe_hydra.handoff.layouts import write_exports  # the top layouts as Megatron-LM / Megatron-Bridge commands

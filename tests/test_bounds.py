@@ -6,10 +6,11 @@ from __future__ import annotations
 import math
 import time
 import typing
+from operator import attrgetter
 
 import pytest
 
-from moe_hydra.core import bounds
+from moe_hydra.core import bounds, overrides
 from moe_hydra.core.resolved import resolve
 from moe_hydra.core.schema import leaves as schema_leaves
 from moe_hydra.core.schema import unwrapped
@@ -52,7 +53,9 @@ def _refused(*overrides: str) -> list:
 @pytest.mark.parametrize("value", [0, -1])
 def test_a_size_below_one_is_refused_naming_its_key(path, value):
     (v,) = _refused(f"{path}={value}")
-    assert v.rule == "S02" and v.fields == ((path, value),) and path in v.message and v.fix == f"{path}=1"
+    assert v.rule == "S02" and v.fields == ((path, value),) and path in v.message
+    # the fix is the value the config has without the override (its preset's, or the schema's), not the bound
+    assert v.fix == overrides.override(path, attrgetter(path)(compose_config("stage=plan")))
 
 
 @pytest.mark.parametrize("override,path", [

@@ -169,8 +169,8 @@ CASES = [
     # data (D): the blend and split anywhere; the files for stage=run
     ("D01", ["data.kind=megatron"], r"data\.kind=megatron needs data\.path"),
     ("D01", [f"data.path=[{DS['bytes']}]"], r"data\.path is read by data\.kind=megatron only"),
-    ("D02", ["data.kind=megatron", f"data.path=[0.3,{DS['bytes']},{DS['wide']}]"], r"mixes weights and prefixes"),
-    ("D02", ["data.kind=megatron", f"data.path=[0,{DS['bytes']},0,{DS['wide']}]"], r"weights .* not all zero"),
+    ("D02", ["data.kind=megatron", f"data.path=[0.3,{DS['bytes']},{DS['one_doc']}]"], r"mixes weights and prefixes"),
+    ("D02", ["data.kind=megatron", f"data.path=[0,{DS['bytes']},0,{DS['one_doc']}]"], r"weights .* not all zero"),
     ("D03", ["data.kind=megatron", f"data.path=[{DS['bytes']}]", 'data.split="0,1,0"'],
      r"must give the train split a positive share"),
     ("D04", [*MEGATRON, "data.path=[/nonexistent/moe_hydra/ds]"], r"/nonexistent/moe_hydra/ds\.bin and .*\.idx not found"),

@@ -116,6 +116,11 @@ DOMAINS: dict[str, tuple[float, float]] = {
     "compare.equivalence": (1e-6, 0.999),
     "compare.max_repeats": (1, 1000),
     "compare.alpha": (1e-6, 0.5),
+    "tune.max_trials": (1, 10**4),
+    "tune.budget_gpu_hours": (1e-6, 1e9),
+    "tune.screen_top_k": (1, 64),
+    "tune.max_repeats": (1, 1000),
+    "tune.validate_steps": (50, MAX_STEPS),
     "profile.top": (1, 1000),
     "launcher.timeout_min": (1, 10**6),
     "launcher.cpus_per_task": (1, 64 * K),
@@ -145,6 +150,7 @@ LIST_DOMAINS: dict[str, tuple[tuple[int, int], int | None]] = {
     "parallel.hierarchical_context_parallel_sizes": (SIZE, None),
     "contract.window": ((1, MAX_STEPS), None),  # [first, last] measured step, 1-based (how they relate: C01)
     "profile.steps": ((1, MAX_STEPS), None),  # [first, last] profiled step (how they relate: C02)
+    "tune.window": ((1, MAX_STEPS), 2),  # [first, last] steady step of tune's short runs
 }
 
 
@@ -203,10 +209,11 @@ def _within(value: Any, lo: float, hi: float) -> bool:
 
 def _fix_number(cfg: Any, path: str, value: Any, lo: float, hi: float) -> str:
     """``path=<the presets' value>`` when it is inside ``[lo, hi]`` (or unset, in an optional field), else the edge
-    nearest ``value``."""
-    preset = presets.chosen(cfg, path)
-    if preset is None or _within(preset, lo, hi):
-        return overrides.override(path, preset)
+    nearest ``value``. An interpolated value (``train.train_iters`` is ``${contract.window[1]}``) is tried as this
+    config reads it, then as the presets do (a refused window gives its default's last step)."""
+    for preset in (presets.chosen(cfg, path), presets.chosen(cfg, path, own=True)):
+        if preset is None or _within(preset, lo, hi):
+            return overrides.override(path, preset)
     return f"{path}={hi if _number(value) and value > hi else lo}"
 
 

@@ -6,6 +6,7 @@ Pure: standard library only.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,7 @@ class Violation:
     rule: str
     message: str  # what broke, with the values and the arithmetic
     fields: tuple[tuple[str, Any], ...]  # (dotted path, value) of every field involved
-    fix: str  # an override (or a choice of overrides) that makes the rule hold
+    fix: str  # overrides that make the rule hold, then ", or " other choices (see :func:`first_fix`)
 
     def render(self) -> str:
         where = "  ".join(overrides.override(k, v) for k, v in self.fields)
@@ -47,3 +48,22 @@ class LayoutError(Refused):
 def V(rule_id: str, message: str, fix: str, **fields: Any) -> Violation:
     """A violation; ``fields`` are dotted paths written with ``__`` for ``.``."""
     return Violation(rule_id, message, tuple((k.replace("__", "."), v) for k, v in fields.items()), fix)
+
+
+# One override of a fix: key=value, the value a quoted string, a list, a choice "<one of a, b>" or a plain word.
+_OVERRIDE = re.compile(r"""([\w.+/]+)=(<one of ([^>]+)>|'[^']*'|"[^"]*"|\[[^\]]*\]|[^\s,;()<>\[\]'"]+)(?=[\s,;(]|$)""")
+
+
+def first_fix(fix: str) -> list[str]:
+    """The overrides a fix starts with, pasteable as they are (``key=<one of a, b>``: its first choice, ``key=a``):
+    what applying the fix means. A fix is written ``OVERRIDE [OVERRIDE...]``, then ``, or`` other choices or a
+    note in parentheses; empty when it starts with prose."""
+    out, pos = [], 0
+    while m := _OVERRIDE.match(fix, pos):
+        key, value, choices = m.groups()
+        out.append(f"{key}={choices.split(',')[0].strip()}" if choices else f"{key}={value}")
+        pos = m.end()
+        if not fix.startswith(" ", pos) or not _OVERRIDE.match(fix, pos + 1):
+            break
+        pos += 1
+    return out

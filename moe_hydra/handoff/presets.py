@@ -10,94 +10,21 @@ defaults lists of their own. Interpolations resolve when they name one key (``${
 taken as equal. A site configuration (``MOE_HYDRA_SITE``) or an experiment can set any key: with either, nothing is
 left out.
 
+The readers of the preset files themselves are the core's (:mod:`moe_hydra.core.presets`).
+
 Pure: the standard library, omegaconf (YAML), moe_hydra.core.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import re
 from typing import Any
 
-from moe_hydra.core.schema import Config, conf_dir, site_dir
+from moe_hydra.core.presets import UNKNOWN, defaults, options, preset, schema_defaults
+from moe_hydra.core.schema import site_dir
 
-UNKNOWN = object()
-_PACKAGE = re.compile(r"^#\s*@package\s+(\S+)")
+__all__ = ["UNKNOWN", "defaults", "literal", "mismatches", "options", "preset", "same", "schema_defaults"]
 _REF = re.compile(r"^\$\{(\.?)([\w.]+?)(?:\[(\d+)\])?\}$")
-
-
-@functools.lru_cache(maxsize=1)
-def defaults() -> tuple[tuple[str, str | None], ...]:
-    """(group, default option) in the order of ``conf/config.yaml``'s defaults list."""
-    from omegaconf import OmegaConf
-
-    out = []
-    for item in OmegaConf.to_container(OmegaConf.load(conf_dir() / "config.yaml"))["defaults"]:
-        if isinstance(item, dict):
-            (group, option), = item.items()
-            if " " in group or group.startswith("hydra"):  # "optional site", "override hydra/sweeper"
-                continue
-            out.append((group, option))
-    return tuple(out)
-
-
-@functools.cache
-def options(group: str) -> tuple[str, ...]:
-    return tuple(sorted(p.stem for p in (conf_dir() / group).glob("*.yaml")))
-
-
-def _flatten(node: Any, prefix: str, out: dict[str, Any]) -> None:
-    if isinstance(node, dict) and node:
-        for k, v in node.items():
-            _flatten(v, f"{prefix}{k}.", out)
-    else:
-        out[prefix[:-1]] = node
-
-
-@functools.cache
-def preset(group: str, option: str) -> dict[str, Any]:
-    """``conf/<group>/<option>.yaml`` as flat dotted keys, placed at its package."""
-    from omegaconf import OmegaConf
-
-    path = conf_dir() / group / f"{option}.yaml"
-    text = path.read_text()
-    package = group
-    for line in text.splitlines():
-        m = _PACKAGE.match(line.strip())
-        if m:
-            package = m.group(1)
-            break
-        if line.strip() and not line.startswith("#"):
-            break
-    node = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-    node.pop("defaults", None)
-    node.pop("hydra", None)
-    out: dict[str, Any] = {}
-    _flatten(node, "" if package == "_global_" else f"{package}.", out)
-    return out
-
-
-@functools.lru_cache(maxsize=1)
-def schema_defaults() -> dict[str, Any]:
-    """Every leaf of the schema with its default (``${...}`` for interpolated defaults); mandatory ones left out."""
-    out: dict[str, Any] = {}
-
-    def walk(cls: type, prefix: str) -> None:
-        for f in dataclasses.fields(cls):
-            if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-                v = f.default_factory()  # type: ignore[misc]
-                if dataclasses.is_dataclass(v):
-                    walk(type(v), f"{prefix}{f.name}.")
-                    continue
-            else:
-                v = f.default
-            if v == "???" or v is dataclasses.MISSING:
-                continue
-            out[f"{prefix}{f.name}"] = getattr(v, "value", v)
-
-    walk(Config, "")
-    return out
 
 
 def literal(choices: dict[str, str | None], key_overrides: list[tuple[str, Any]]) -> dict[str, Any] | None:

@@ -134,11 +134,13 @@ def machine(r: Resolved, inside_allocation: bool = False) -> list[Violation]:
     d = cfg.dispatcher
     if d.moe_token_dispatcher_type == "flex" and d.moe_flex_dispatcher_backend == "deepep" and not _has("deep_ep"):
         out.append(V("H04", "dispatcher=deepep needs DeepEP (the deep_ep package), which is not installed on this "
-                     "machine; an ImportError is an environment limit, not performance data", "dispatcher=alltoall",
+                     "machine; an ImportError is an environment limit, not performance data",
+                     "dispatcher=alltoall, or stage=plan (to plan it here; the job's machine is checked where it runs)",
                      dispatcher__name=d.name))
     if d.moe_token_dispatcher_type == "flex" and d.moe_flex_dispatcher_backend == "hybridep" and not _has_hybrid_ep():
         out.append(V("H05", "dispatcher=hybridep needs HybridEP (deep_ep.HybridEPBuffer), which is not installed on "
-                     "this machine", "dispatcher=alltoall", dispatcher__name=d.name))
+                     "this machine", "dispatcher=alltoall, or stage=plan (to plan it here; the job's machine is "
+                     "checked where it runs)", dispatcher__name=d.name))
     te = _has("transformer_engine")
     if (cfg.precision.fp8 or cfg.precision.fp4) and not te:
         out.append(V("H06", f"precision={cfg.precision.name} needs Transformer Engine, which is not installed here",

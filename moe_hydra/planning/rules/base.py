@@ -1,16 +1,19 @@
-"""The vocabulary of the legality rules: the context a rule reads and the registry every rule joins with
-``@rule`` (a violation and the error that carries them are the core's: :mod:`moe_hydra.core.violations`).
-Pure: standard library only.
+"""The vocabulary of the legality rules: the context a rule reads, the registry every rule joins with
+``@rule`` (a violation and the error that carries them are the core's: :mod:`moe_hydra.core.violations`), and the
+sizes that work, which the rules' fixes name (``tests/test_fixes.py`` applies every fix).
+Pure: standard library only (the GPU presets a fix names are read from ``conf/hardware``).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Callable, Iterator
 
+from moe_hydra.core import presets
 from moe_hydra.core.arch import Arch
 from moe_hydra.core.layout import Layout
 from moe_hydra.core.overrides import text as _fmt  # noqa: F401 (the rules' vocabulary)
@@ -169,3 +172,74 @@ def _divisors(n: int) -> list[int]:
 
 def _list(values: list[int]) -> str:
     return ", ".join(map(str, values)) if values else "none"
+
+
+# --------------------------------------------------------------------------- sizes that work, for the fixes
+
+def _v01(c: Ctx, tp: int, etp: int, ep: int) -> bool:
+    """Whether these sizes fall into V01's trap on this megatron-core (EP 1, TP > 1, ETP != TP)."""
+    return bool(c.m.num_moe_experts) and ep == 1 and tp > 1 and etp != tp and c.mcore.ep1_etp_wrong_expert_grads
+
+
+def _ep_choices(c: Ctx, above_one: bool = False) -> list[int]:
+    """The EP sizes that divide the experts and the world; above 1 with the flex dispatcher (or ``above_one``),
+    never 1 where V01 would fire."""
+    lo, experts = c.layout, c.m.num_moe_experts or 1
+    return [e for e in _divisors(experts) if lo.world_size % (lo.etp * e * lo.pp) == 0
+            and not ((above_one or c.flex) and lo.etp * e <= 1) and not _v01(c, lo.tp, lo.etp, e)]
+
+
+def _tp_choices(c: Ctx) -> list[int]:
+    """The TP sizes every TP rule takes (the heads, the query groups, the widths, the sequence with SP, the world,
+    ETP when it follows TP); 1 only without sequence parallelism, above 1 for MoE only with it."""
+    lo, m, p = c.layout, c.m, c.p
+    groups = m.num_query_groups or m.num_attention_heads
+    widths = [m.ffn_hidden_size, m.moe_shared_expert_intermediate_size or m.ffn_hidden_size]
+    out = []
+    for t in _divisors(m.num_attention_heads):
+        etp = t if p.expert_tensor_parallel_size is None else lo.etp
+        if (t <= 64 and lo.world_size % (t * lo.cp * lo.pp) == 0 and lo.world_size % (etp * lo.ep * lo.pp) == 0
+                and (m.multi_latent_attention or groups % t == 0 or t % groups == 0) and all(w % t == 0 for w in widths)
+                and (m.moe_ffn_hidden_size or m.ffn_hidden_size) % etp == 0 and not (t == 1 and lo.sp)
+                and not (t > 1 and m.num_moe_experts and not lo.sp) and not (t > 1 and lo.sp and (c.seq // lo.cp) % t)
+                and not _v01(c, t, etp, lo.ep)):
+            out.append(t)
+    return out
+
+
+def _world(c: Ctx, size: int) -> str:
+    """The override that makes the world a multiple of ``size``: more processes on this machine (the CPU preset),
+    else more nodes."""
+    hw = c.cfg.hardware
+    if hw.arch == "cpu":
+        step = size // math.gcd(size, hw.nodes)
+        return f"hardware.devices_per_node={-(-hw.devices_per_node // step) * step}"
+    step = size // math.gcd(size, hw.devices_per_node)
+    return f"hardware.nodes={-(-hw.nodes // step) * step}"
+
+
+def _here(c: Ctx) -> str:
+    """What the CPU preset is, in a message: this machine's processes."""
+    w = c.layout.world_size
+    return f" ({c.cfg.hardware.name} runs {w} process{'es' if w > 1 else ''} on this machine)" if (
+        c.cfg.hardware.arch == "cpu") else ""
+
+
+@functools.cache
+def gpu_presets() -> dict[str, int]:
+    """The shipped GPU hardware presets, with their GPUs per node."""
+    found = {o: presets.preset("hardware", o) for o in presets.options("hardware")}
+    return {o: p["hardware.devices_per_node"] for o, p in found.items()
+            if p.get("hardware.arch") != "cpu" and isinstance(p.get("hardware.devices_per_node"), int)}
+
+
+def _on_gpus(c: Ctx, size: int, extra: str = "") -> str:
+    """On the CPU preset, the alternative of a layout larger than this machine: planned as asked on the GPU
+    presets whose world fits ``size`` GPUs in the fewest nodes, with stage=plan (no GPU is needed to plan, e.g. on
+    a login node); empty on GPU hardware."""
+    if c.cfg.hardware.arch != "cpu" or not gpu_presets():
+        return ""
+    nodes = {name: size // math.gcd(size, d) for name, d in gpu_presets().items()}
+    n = min(nodes.values())
+    names = [name for name, k in nodes.items() if k == n]
+    return f", or hardware=<one of {_list(names)}>{f' hardware.nodes={n}' if n > 1 else ''}{extra} stage=plan"

@@ -6,7 +6,10 @@ Ids follow docs/rules.md. Pure: standard library only.
 
 from __future__ import annotations
 
-from moe_hydra.planning.rules.base import COMM_READS, DISPATCHER_READS, Ctx, V, _divisors, _fmt, _list, rule
+import math
+
+from moe_hydra.planning.rules.base import (COMM_READS, DISPATCHER_READS, Ctx, V, _divisors, _ep_choices, _fmt, _here,
+                                           _list, _on_gpus, rule)
 
 # --------------------------------------------------------------------------- dispatcher (L37-L45)
 
@@ -14,17 +17,19 @@ from moe_hydra.planning.rules.base import COMM_READS, DISPATCHER_READS, Ctx, V, 
 def l37_l45_dispatcher(c: Ctx):
     d, r, lo = c.cfg.dispatcher, c.cfg.routing, c.layout
     if c.flex and d.moe_flex_dispatcher_backend is None:
-        yield V("L38", "the flex dispatcher needs a backend", "dispatcher=deepep or dispatcher=hybridep",
+        yield V("L38", "the flex dispatcher needs a backend",
+                "dispatcher.moe_flex_dispatcher_backend=<one of deepep, hybridep> (or dispatcher=deepep, dispatcher=hybridep)",
                 dispatcher__moe_token_dispatcher_type="flex", dispatcher__moe_flex_dispatcher_backend=None)
     if not c.flex and d.moe_flex_dispatcher_backend is not None:
         yield V("L35", f"backend {d.moe_flex_dispatcher_backend} is only used by the flex dispatcher",
                 "dispatcher.moe_flex_dispatcher_backend=null", dispatcher__moe_token_dispatcher_type=d.moe_token_dispatcher_type,
                 dispatcher__moe_flex_dispatcher_backend=d.moe_flex_dispatcher_backend)
     if c.flex and lo.etp * lo.ep <= 1:
-        experts = c.m.num_moe_experts or 1
-        good = [e for e in _divisors(experts) if e > 1 and lo.world_size % (lo.etp * e * lo.pp) == 0]
-        yield V("L40", f"the flex dispatcher ({d.moe_flex_dispatcher_backend}) needs ETP x EP > 1; it is {lo.etp}x{lo.ep}",
-                f"parallel.expert_model_parallel_size=<one of {_list(good)}>, or dispatcher=alltoall",
+        good = _ep_choices(c, above_one=True)
+        fix = (f"parallel.expert_model_parallel_size=<one of {_list(good)}>, or dispatcher=alltoall" if good
+               else "dispatcher=alltoall" + _flex_on_gpus(c))
+        yield V("L40", f"the flex dispatcher ({d.moe_flex_dispatcher_backend}) needs ETP x EP > 1; it is "
+                f"{lo.etp}x{lo.ep}{_here(c)}", fix,
                 dispatcher__name=d.name, parallel__expert_model_parallel_size=lo.ep,
                 parallel__expert_tensor_parallel_size=lo.etp)
     if c.flex and d.moe_flex_dispatcher_backend == "deepep" and r.moe_pad_expert_input_to_capacity:
@@ -51,6 +56,16 @@ def l37_l45_dispatcher(c: Ctx):
                     overlap__moe_shared_expert_overlap=True, dispatcher__name=d.name)
 
 
+def _flex_on_gpus(c: Ctx) -> str:
+    """On the CPU preset, the flex dispatcher planned on GPU presets with the largest EP up to a node of 8."""
+    ep = max(e for e in _divisors(c.m.num_moe_experts or 1) if e <= 8)
+    if ep == 1:
+        return ""
+    lo = c.layout
+    size = math.lcm(lo.attention_model_size, lo.etp * ep * lo.pp)
+    return _on_gpus(c, size, f" parallel.expert_model_parallel_size={ep}")
+
+
 # --------------------------------------------------------------------------- routing (L47-L49)
 
 @rule(reads="fixed")
@@ -64,13 +79,14 @@ def l47_l49_routing(c: Ctx):
     groups, gtop = m.moe_router_num_groups, m.moe_router_group_topk
     if groups is not None:
         if m.num_moe_experts % groups:
+            good = [g for g in _divisors(m.num_moe_experts) if g >= (gtop or 1)]
             yield V("L48", f"{m.num_moe_experts} experts do not split into {groups} routing groups",
-                    "model.moe_router_num_groups=<a divisor of the experts>", model__num_moe_experts=m.num_moe_experts,
+                    f"model.moe_router_num_groups=<one of {_list(good)}>", model__num_moe_experts=m.num_moe_experts,
                     model__moe_router_num_groups=groups)
         if gtop is None or gtop > groups:
             yield V("L48", f"group-limited routing needs moe_router_group_topk <= moe_router_num_groups ({groups})",
-                    f"model.moe_router_group_topk=<1..{groups}>", model__moe_router_num_groups=groups,
-                    model__moe_router_group_topk=gtop)
+                    f"model.moe_router_group_topk={min(gtop or 1, groups)} (1..{groups})",
+                    model__moe_router_num_groups=groups, model__moe_router_group_topk=gtop)
     if m.moe_router_enable_expert_bias and m.moe_router_score_function not in ("sigmoid", "sqrtsoftplus"):
         yield V("L49", "expert bias needs the sigmoid (or sqrtsoftplus) score function",
                 "model.moe_router_score_function=sigmoid", model__moe_router_enable_expert_bias=True,
@@ -104,11 +120,13 @@ def l50_l54_recompute(c: Ctx):
                 f"allowed: {', '.join(sorted(c.mcore.recompute_modules))}",
                 "recompute.recompute_modules=[core_attn,layernorm]", recompute__recompute_modules=list(mods))
     if "moe_act" in mods and not c.cfg.kernels.moe_grouped_gemm:
+        gemm = "kernels.moe_grouped_gemm=true"
+        drop = _drop_modules(mods, "moe_act")
         yield V("L52", "moe_act recompute needs grouped-GEMM experts",
-                "kernels.moe_grouped_gemm=true (on a GPU), or drop moe_act from recompute.recompute_modules",
+                f"{drop}, or {gemm}" if c.cfg.hardware.arch == "cpu" else f"{gemm}, or {drop}",
                 recompute__recompute_modules=list(mods), kernels__moe_grouped_gemm=False)
     if "mla_up_proj" in mods and not c.m.multi_latent_attention:
-        yield V("L52", "mla_up_proj recompute needs multi-latent attention", "drop mla_up_proj from recompute.recompute_modules",
+        yield V("L52", "mla_up_proj recompute needs multi-latent attention", _drop_modules(mods, "mla_up_proj"),
                 recompute__recompute_modules=list(mods), model__multi_latent_attention=False)
     if "shared_experts" in mods and c.cfg.overlap.moe_shared_expert_overlap:
         yield V("L53", "shared_experts recompute cannot work with moe_shared_expert_overlap",
@@ -116,8 +134,14 @@ def l50_l54_recompute(c: Ctx):
                 overlap__moe_shared_expert_overlap=True)
     if c.cfg.precision.fp8_recipe == "delayed" and c.fp8 and {"moe_act", "layernorm"} & set(mods):
         yield V("L54", "FP8 delayed scaling does not support moe_act or layernorm recompute",
-                "precision=fp8_tensorwise, or drop moe_act/layernorm from recompute.recompute_modules",
+                f"precision=fp8_tensorwise, or {_drop_modules(mods, 'moe_act', 'layernorm')}",
                 precision__fp8_recipe="delayed", recompute__recompute_modules=list(mods))
+
+
+def _drop_modules(mods: list[str], *names: str) -> str:
+    """The recompute modules without ``names``; no recompute when none is left."""
+    kept = [m for m in mods if m not in names]
+    return f"recompute.recompute_modules={_fmt(kept)}" if kept else "recompute=none recompute.recompute_modules=null"
 
 
 @rule(reads="fixed")
@@ -135,7 +159,7 @@ def l56_offload(c: Ctx):
                 "offload.offload_modules=[expert_fc1,moe_act]", offload__offload_modules=mods)
     if "attn_proj" in mods and "core_attn" not in mods:
         yield V("L56", "attn_proj cannot be offloaded without core_attn (its input is core_attn's output)",
-                "add core_attn to offload.offload_modules", offload__offload_modules=mods)
+                f"offload.offload_modules={_fmt(['core_attn', *mods])}", offload__offload_modules=mods)
 
 
 # --------------------------------------------------------------------------- attention backend (L74)
@@ -179,7 +203,7 @@ def l57_l61_cuda_graphs(c: Ctx):
     mods = c.cfg.recompute.recompute_modules or []
     if impl == "transformer_engine" and "moe_router" in scope and "moe" in mods:
         yield V("L61", "MoE recompute conflicts with the TE 'moe_router' graph scope",
-                "drop moe from recompute.recompute_modules", recompute__recompute_modules=list(mods),
+                _drop_modules(mods, "moe"), recompute__recompute_modules=list(mods),
                 kernels__cuda_graph_scope=sorted(scope))
 
 
@@ -204,18 +228,22 @@ def o01_optimizer_dtypes(c: Ctx):
 def l65_l73_ep_overlap(c: Ctx):
     o, lo = c.cfg.overlap, c.layout
     if o.delay_wgrad_compute and not o.overlap_moe_expert_parallel_comm:
-        yield V("L73", "delay_wgrad_compute needs EP overlap", "overlap.overlap_moe_expert_parallel_comm=true (or overlap.delay_wgrad_compute=false)",
+        on, keep = "overlap.overlap_moe_expert_parallel_comm=true", "overlap.delay_wgrad_compute=false"
+        yield V("L73", "delay_wgrad_compute needs EP overlap", f"{on}, or {keep}" if _overlap_fits(c) else f"{keep}, or {on}",
                 overlap__delay_wgrad_compute=True, overlap__overlap_moe_expert_parallel_comm=False)
     if not o.overlap_moe_expert_parallel_comm:
         return
     off = "overlap.overlap_moe_expert_parallel_comm=false"
-    if lo.ep <= 1:
-        yield V("L65", "EP overlap needs EP > 1", f"an expert mesh with EP > 1, or {off}", parallel__expert_model_parallel_size=lo.ep)
+    if lo.ep <= 1:  # this kind of rule does not read the world: the EP sizes are named, not checked against it
+        eps = [e for e in _divisors(c.m.num_moe_experts or 1) if e > 1]
+        yield V("L65", "EP overlap needs EP > 1", f"{off}, or parallel.expert_model_parallel_size=<one of {_list(eps)}> "
+                "(one that divides the world)" if eps else off, parallel__expert_model_parallel_size=lo.ep)
     if c.cfg.dispatcher.moe_token_dispatcher_type not in ("alltoall", "flex"):
         yield V("L66", "EP overlap needs the alltoall or flex dispatcher", f"dispatcher=alltoall, or {off}",
                 dispatcher__name=c.cfg.dispatcher.name)
     if lo.pp > 1 and lo.vpp is None:  # a layout string with PP stages only leaves VPP unset too
-        yield V("L67", "EP overlap with PP > 1 needs VPP", f"parallel.virtual_pipeline_model_parallel_size=2, or {off}",
+        yield V("L67", "EP overlap with PP > 1 needs VPP", f"{off}, or parallel.virtual_pipeline_model_parallel_size=2 "
+                "(VPP dividing the layers per stage)",
                 parallel__pipeline_model_parallel_size=lo.pp, parallel__virtual_pipeline_model_parallel_size=None)
     mods = c.cfg.recompute.recompute_modules or []
     if c.cfg.recompute.recompute_granularity == "full" or (c.cfg.recompute.recompute_granularity == "selective" and "moe" in mods):
@@ -233,6 +261,17 @@ def l65_l73_ep_overlap(c: Ctx):
     if c.cfg.kernels.cuda_graph_impl == "transformer_engine" and scope & {"moe", "mlp"}:
         yield V("L72", "EP overlap cannot run with a TE CUDA-graph scope on moe or mlp", "kernels.cuda_graph_scope=[moe_router]",
                 kernels__cuda_graph_scope=sorted(scope))
+
+
+def _overlap_fits(c: Ctx) -> bool:
+    """Whether EP overlap, turned on, breaks no rule of its own (L65-L72), as far as the cheap ones tell."""
+    lo, mods = c.layout, c.cfg.recompute.recompute_modules or []
+    return (lo.ep > 1 and c.cfg.dispatcher.moe_token_dispatcher_type in ("alltoall", "flex")
+            and (lo.pp == 1 or lo.vpp is not None) and c.cfg.recompute.recompute_granularity != "full"
+            and "moe" not in mods and c.cfg.precision.params_dtype in ("bf16", "fp16")
+            and not c.cfg.overlap.moe_shared_expert_overlap and (c.arch is None or c.arch.mtp <= 1)
+            and not (c.cfg.kernels.cuda_graph_impl == "transformer_engine"
+                     and set(c.cfg.kernels.cuda_graph_scope) & {"moe", "mlp"}))
 
 
 # --------------------------------------------------------------------------- precision vs hardware (P)
@@ -364,23 +403,25 @@ def _data_files(c: Ctx, prefixes: list[str], path: list):
             found.append(contract.read_index(prefix))
         except contract.DataFileError as e:
             if e.kind == "missing":
-                yield V("D04", f"data.path prefix {prefix}: {e}", "data.path=[<a prefix with .bin and .idx>] (make one: "
-                        "python -m moe_hydra.data prepare --out DIR/NAME FILE...)", data__path=path)
+                yield V("D04", f"data.path prefix {prefix}: {e}", f"{_without(path, prefixes, {prefix})}, or "
+                        "data.path=[<a prefix with .bin and .idx>] (make one: python -m moe_hydra.data prepare --out "
+                        "DIR/NAME FILE...)", data__path=path)
             else:
-                yield V("D05", f"data.path prefix {prefix}: {e}", "prepare the dataset again (python -m moe_hydra.data "
-                        "prepare, or Megatron-LM's tools/preprocess_data.py), or data.path=[<another prefix>]",
-                        data__path=path)
+                yield V("D05", f"data.path prefix {prefix}: {e}", f"{_without(path, prefixes, {prefix})}, or prepare "
+                        "the dataset again (python -m moe_hydra.data prepare, or Megatron-LM's "
+                        "tools/preprocess_data.py)", data__path=path)
             continue
         try:
             tokenizers[prefix] = contract.read_tokenizer(prefix)
         except contract.DataFileError as e:
-            yield V("D06", f"data.path prefix {prefix}: {e}", f"remove or rewrite {prefix}{contract.TOKENIZER_SUFFIX}",
-                    data__path=path)
+            yield V("D06", f"data.path prefix {prefix}: {e}", f"{_without(path, prefixes, {prefix})}, or remove or "
+                    f"rewrite {prefix}{contract.TOKENIZER_SUFFIX}", data__path=path)
     described = {p: t for p, t in tokenizers.items() if t is not None}
     if len({tuple(sorted(t.items())) for t in described.values()}) > 1:
         shown = "; ".join(f"{p}: {t}" for p, t in described.items())
+        first = next(iter(described.values()))
         yield V("D06", f"data.path blends datasets made with different tokenizers ({shown})",
-                "data.path=[<prefixes made with one tokenizer>]", data__path=path)
+                _without(path, prefixes, {p for p, t in described.items() if t != first}), data__path=path)
     try:
         split = contract.parse_split(c.cfg.data.split)
     except ValueError:
@@ -406,6 +447,28 @@ def _data_files(c: Ctx, prefixes: list[str], path: list):
                     data__path=path)
 
 
+def _named(path: list) -> list[str]:
+    """The entries of a ``data.path`` that read as prefixes, not weights."""
+    out = []
+    for x in path:
+        try:
+            float(x)
+        except (TypeError, ValueError):
+            if str(x).strip():
+                out.append(str(x).strip())
+    return out
+
+
+def _without(path: list, prefixes: list[str], bad: set[str]) -> str:
+    """data.path without the ``bad`` prefixes (and their weights) when others are left, else stage=plan: a plan
+    does not read the files (they may live on the cluster only)."""
+    kept = [i for i, p in enumerate(prefixes) if p not in bad]
+    if not kept:
+        return "stage=plan (a plan does not read the files)"
+    weighted = len(path) == 2 * len(prefixes)
+    return "data.path=" + _fmt([x for i in kept for x in ((path[2 * i], path[2 * i + 1]) if weighted else (path[i],))])
+
+
 @rule(reads="fixed")
 def d01_d07_data(c: Ctx):
     """What ``data.kind=megatron`` reads: a blend in Megatron's ``--data-path`` form and a split (every stage), and,
@@ -422,13 +485,15 @@ def d01_d07_data(c: Ctx):
         return
     if not path:
         yield V("D01", "data.kind=megatron needs data.path, Megatron's --data-path: dataset prefixes, optionally "
-                "with blend weights", "data.path=[DIR/NAME] (make one: python -m moe_hydra.data prepare --out "
-                "DIR/NAME FILE...)", data__kind="megatron", data__path=path)
+                "with blend weights", "data.kind=mock, or data.path=[DIR/NAME] (make one: python -m moe_hydra.data "
+                "prepare --out DIR/NAME FILE...)", data__kind="megatron", data__path=path)
         return
     try:
         prefixes, _ = contract.blend(path)
     except ValueError as e:
-        yield V("D02", str(e), "data.path=[PREFIX] or data.path=[0.3,PREFIX_A,0.7,PREFIX_B]", data__path=path)
+        named = _named(path)
+        first = f"data.path={_fmt(named)} (its prefixes, equal weights)" if named else "data.kind=mock data.path=null"
+        yield V("D02", str(e), f"{first}, or data.path=[0.3,PREFIX_A,0.7,PREFIX_B]", data__path=path)
         return
     try:
         contract.parse_split(d.split)

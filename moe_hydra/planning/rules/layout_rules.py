@@ -8,10 +8,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from moe_hydra.core import presets
 from moe_hydra.core.arch import parse_moe_layer_freq
 from moe_hydra.core.pipeline import expand_layout
 from moe_hydra.core.resolved import ATTENTION_BACKENDS
-from moe_hydra.planning.rules.base import DISPATCHER_READS, Ctx, V, _divisors, _fmt, _list, rule
+from moe_hydra.planning.rules.base import (DISPATCHER_READS, Ctx, V, _divisors, _ep_choices, _fmt, _here, _list,
+                                           _on_gpus, _tp_choices, _v01, _world, rule)
 
 # --------------------------------------------------------------------------- schema values (S)
 
@@ -80,30 +82,45 @@ def l13_moe_layer_freq(c: Ctx):
         try:
             parse_moe_layer_freq(c.m.moe_layer_freq, c.m.num_layers)
         except ValueError as e:
-            yield V("L13", str(e), 'model.moe_layer_freq=<int, 0/1 list of num_layers, or "[0]*k+[1]*n">',
-                    model__moe_layer_freq=c.m.moe_layer_freq, model__num_layers=c.m.num_layers)
+            yield V("L13", str(e), f"model.moe_layer_freq={_fmt(_layer_freq(c))} (or an int, a 0/1 list of num_layers, "
+                    'or "[0]*k+[1]*n")', model__moe_layer_freq=c.m.moe_layer_freq, model__num_layers=c.m.num_layers)
+
+
+def _layer_freq(c: Ctx) -> Any:
+    """The model preset's MoE layer pattern when it fits the layers, else every layer MoE."""
+    freq = presets.chosen(c.cfg, "model.moe_layer_freq")
+    try:
+        parse_moe_layer_freq(freq, c.m.num_layers)
+    except (ValueError, TypeError):
+        return 1
+    return freq
 
 
 # --------------------------------------------------------------------------- meshes (L01-L09)
 
-@rule
+@rule(comm=DISPATCHER_READS)  # the EP sizes L02 names keep the flex dispatcher's EP > 1
 def l01_l02_world(c: Ctx):
+    """A layout larger than the world; on the CPU preset, larger than this machine: the fixes also name the GPU
+    presets it fits, with stage=plan."""
     lo, w = c.layout, c.layout.world_size
+    need = math.lcm(lo.attention_model_size, lo.expert_model_size)
     if lo.dp == 0:
         size = lo.attention_model_size
-        yield V("L01", f"world size {w} is not divisible by TP x CP x PP = {lo.tp}x{lo.cp}x{lo.pp} = {size}",
-                f"a world size that is a multiple of {size} (hardware.nodes / hardware.devices_per_node), "
-                "or smaller TP/CP/PP", hardware__nodes=c.cfg.hardware.nodes,
+        tps = [t for t in _tp_choices(c) if t < lo.tp]
+        smaller = [f"parallel.tensor_model_parallel_size=<one of {_list(tps)}>"] if tps else []
+        yield V("L01", f"world size {w} is not divisible by TP x CP x PP = {lo.tp}x{lo.cp}x{lo.pp} = {size}{_here(c)}",
+                ", or ".join([_world(c, need), *smaller]) + _on_gpus(c, need), hardware__nodes=c.cfg.hardware.nodes,
                 hardware__devices_per_node=c.cfg.hardware.devices_per_node,
                 parallel__tensor_model_parallel_size=lo.tp, parallel__context_parallel_size=lo.cp,
                 parallel__pipeline_model_parallel_size=lo.pp)
     if lo.edp == 0:
         size = lo.expert_model_size
-        experts = c.arch.experts if c.arch and c.arch.experts else 1
-        good = [e for e in _divisors(experts) if w % (lo.etp * e * lo.pp) == 0]
-        yield V("L02", f"world size {w} is not divisible by ETP x EP x PP = {lo.etp}x{lo.ep}x{lo.pp} = {size}",
-                f"parallel.expert_model_parallel_size=<one of {_list(good)}>, or a world size that is a "
-                f"multiple of {size}", hardware__nodes=c.cfg.hardware.nodes,
+        good = _ep_choices(c)
+        ep = "parallel.expert_model_parallel_size"
+        first = [f"{ep}=<one of {_list(good)}>"] if good else (
+            [f"{ep}=1 dispatcher=alltoall"] if c.flex and w % (lo.etp * lo.pp) == 0 else [])
+        yield V("L02", f"world size {w} is not divisible by ETP x EP x PP = {lo.etp}x{lo.ep}x{lo.pp} = {size}{_here(c)}",
+                ", or ".join([*first, _world(c, need)]) + _on_gpus(c, need), hardware__nodes=c.cfg.hardware.nodes,
                 hardware__devices_per_node=c.cfg.hardware.devices_per_node,
                 parallel__expert_model_parallel_size=lo.ep, parallel__expert_tensor_parallel_size=lo.etp,
                 parallel__pipeline_model_parallel_size=lo.pp)
@@ -145,19 +162,22 @@ def l07_l08_distopt_instances(c: Ctx):
 @rule
 def l09_hierarchical_cp(c: Ctx):
     sizes, cp = c.p.hierarchical_context_parallel_sizes, c.layout.cp
+    hierarchical = c.p.cp_comm_type == "a2a+p2p"
     if sizes is not None and math.prod(sizes) != cp:
         yield V("L09", f"the product of hierarchical_context_parallel_sizes {list(sizes)} is {math.prod(sizes)}, not CP {cp}",
-                f"parallel.hierarchical_context_parallel_sizes=<sizes whose product is {cp}>",
-                parallel__hierarchical_context_parallel_sizes=list(sizes), parallel__context_parallel_size=cp)
-    if c.p.cp_comm_type == "a2a+p2p" and sizes is None:
+                f"parallel.hierarchical_context_parallel_sizes={f'[{cp},1]' if hierarchical else 'null'} (sizes whose "
+                f"product is {cp}: [a2a_size,p2p_size])", parallel__hierarchical_context_parallel_sizes=list(sizes),
+                parallel__context_parallel_size=cp)
+    if hierarchical and sizes is None:
         yield V("L09", "cp_comm_type a2a+p2p needs hierarchical_context_parallel_sizes",
-                f"parallel.hierarchical_context_parallel_sizes=[a2a_size,p2p_size] with product {cp}",
+                f"parallel.hierarchical_context_parallel_sizes=[{cp},1] ([a2a_size,p2p_size] with product {cp}), "
+                "or parallel.cp_comm_type=p2p",
                 parallel__cp_comm_type="a2a+p2p", parallel__hierarchical_context_parallel_sizes=None)
 
 
 # --------------------------------------------------------------------------- experts (L10-L13, L34)
 
-@rule
+@rule(comm=DISPATCHER_READS)  # the EP sizes L11 names keep the flex dispatcher's EP > 1
 def l10_l11_experts(c: Ctx):
     experts, ep = c.m.num_moe_experts, c.layout.ep
     if not experts:
@@ -167,22 +187,29 @@ def l10_l11_experts(c: Ctx):
                     parallel__expert_model_parallel_size=ep)
         return
     if experts % ep:
-        w, lo = c.layout.world_size, c.layout
-        good = [e for e in _divisors(experts) if w % (lo.etp * e * lo.pp) == 0]
+        good = _ep_choices(c)
         yield V("L11", f"{experts} experts do not split over expert-parallel size {ep}: {experts} % {ep} = {experts % ep}",
-                f"parallel.expert_model_parallel_size=<one of {_list(good)}> (e.g. expert_mesh=ep{good[-1] if good else 1})",
-                model__num_moe_experts=experts, parallel__expert_model_parallel_size=ep)
+                f"parallel.expert_model_parallel_size=<one of {_list(good)}> (e.g. expert_mesh=ep{good[-1]})" if good
+                else f"model.num_moe_experts={experts // ep * ep or ep}", model__num_moe_experts=experts,
+                parallel__expert_model_parallel_size=ep)
     if c.m.moe_router_topk > experts:
+        topk = presets.chosen(c.cfg, "model.moe_router_topk")
+        topk = topk if isinstance(topk, int) and 1 <= topk <= experts else experts
         yield V("L11", f"moe_router_topk {c.m.moe_router_topk} exceeds the {experts} experts",
-                f"model.moe_router_topk=<= {experts}", model__moe_router_topk=c.m.moe_router_topk,
+                f"model.moe_router_topk={topk} (at most {experts})", model__moe_router_topk=c.m.moe_router_topk,
                 model__num_moe_experts=experts)
 
 
 @rule
 def l34_bias_needs_etp1(c: Ctx):
-    if c.m.num_moe_experts and c.m.add_bias_linear and c.layout.etp != 1:
-        yield V("L34", f"MoE with biases (add_bias_linear) supports ETP 1 only, not ETP {c.layout.etp}",
-                "parallel.expert_tensor_parallel_size=1", model__add_bias_linear=True,
+    lo = c.layout
+    if c.m.num_moe_experts and c.m.add_bias_linear and lo.etp != 1:
+        etp1: str | None = "parallel.expert_tensor_parallel_size=1"
+        if _v01(c, lo.tp, 1, lo.ep):  # ETP 1 under TP > 1 needs EP >= 2 there
+            eps = [e for e in _divisors(c.m.num_moe_experts) if e > 1 and lo.world_size % (e * lo.pp) == 0]
+            etp1 = f"{etp1} parallel.expert_model_parallel_size={eps[0]}" if eps else None
+        yield V("L34", f"MoE with biases (add_bias_linear) supports ETP 1 only, not ETP {lo.etp}",
+                ", or ".join([*([etp1] if etp1 else []), "model.add_bias_linear=false"]), model__add_bias_linear=True,
                 parallel__expert_tensor_parallel_size=c.layout.etp)
 
 
@@ -199,52 +226,60 @@ def l14_l20_pipeline_split(c: Ctx):
     layout_fields = dict(parallel__pipeline_model_parallel_layout=p.pipeline_model_parallel_layout)
     if p.pipeline_model_parallel_layout is not None:
         if first is not None or last is not None or acc_e or acc_l:
+            split = {"num_layers_in_first_pipeline_stage": first, "num_layers_in_last_pipeline_stage": last,
+                     "account_for_embedding_in_pipeline_split": acc_e or None,
+                     "account_for_loss_in_pipeline_split": acc_l or None}
+            drop = " ".join(f"parallel.{k}={'null' if 'stage' in k else 'false'}" for k, v in split.items() if v)
             yield V("L16", "pipeline_model_parallel_layout cannot be combined with uneven stages or account_for_* flags",
-                    "drop parallel.num_layers_in_first/last_pipeline_stage and set the account_for_* flags false",
-                    **layout_fields, parallel__num_layers_in_first_pipeline_stage=first,
-                    parallel__num_layers_in_last_pipeline_stage=last)
+                    f"{drop}, or parallel.pipeline_model_parallel_layout=null", **layout_fields,
+                    parallel__num_layers_in_first_pipeline_stage=first, parallel__num_layers_in_last_pipeline_stage=last)
         try:
             stages = expand_layout(p.pipeline_model_parallel_layout)
         except ValueError as e:
-            yield V("L17", str(e), "parallel.pipeline_model_parallel_layout=<e.g. Et|(tt|)*30mL>", **layout_fields)
+            yield V("L17", str(e), _layout_fix(c, pp * (vpp or 1)), **layout_fields)
             return
         n_t, n_m = sum(s.count("t") for s in stages), sum(s.count("m") for s in stages)
+        even = pp * (vpp or max(1, len(stages) // pp))  # the virtual stages of the layout a fix names
         if len(stages) % pp:
-            yield V("L17", f"the layout has {len(stages)} stages, not a multiple of PP {pp}",
-                    f"a layout with a multiple of {pp} stages", **layout_fields, parallel__pipeline_model_parallel_size=pp)
+            yield V("L17", f"the layout has {len(stages)} stages, not a multiple of PP {pp}", _layout_fix(c, even),
+                    **layout_fields, parallel__pipeline_model_parallel_size=pp)
         elif vpp is not None and vpp != len(stages) // pp:
             yield V("L16", f"the layout defines VPP = {len(stages)} stages / PP {pp} = {len(stages) // pp}, but VPP is set to {vpp}",
                     f"parallel.virtual_pipeline_model_parallel_size={len(stages) // pp} (or null)", **layout_fields,
                     parallel__virtual_pipeline_model_parallel_size=vpp)
         if n_t != L:
             yield V("L17", f"the layout places {n_t} decoder layers ('t'), the model has {L}",
-                    f"a layout with {L} 't'", **layout_fields, model__num_layers=L)
+                    f"{_layout_fix(c, even)} (a layout with {L} 't')", **layout_fields, model__num_layers=L)
         if n_m != c.arch.mtp:
             yield V("L17", f"the layout places {n_m} MTP blocks ('m'), the model has {c.arch.mtp}",
-                    f"a layout with {c.arch.mtp} 'm'", **layout_fields, model__mtp_num_layers=c.arch.mtp)
+                    f"{_layout_fix(c, even)} (a layout with {c.arch.mtp} 'm')", **layout_fields,
+                    model__mtp_num_layers=c.arch.mtp)
         if not stages[0].startswith("E") or not stages[-1].endswith("L"):
             yield V("L17", "the layout must start with the embedding 'E' and end with the loss 'L'",
-                    "parallel.pipeline_model_parallel_layout=E...L", **layout_fields)
+                    _layout_fix(c, even), **layout_fields)
         return
     v = vpp or 1
     if first is not None or last is not None:
         if acc_e or acc_l:
+            flags = [f"parallel.account_for_{k}_in_pipeline_split=false" for k, on in (("embedding", acc_e), ("loss", acc_l))
+                     if on]
             yield V("L20", "uneven first/last stages cannot be combined with account_for_*_in_pipeline_split",
-                    "parallel.account_for_embedding_in_pipeline_split=false parallel.account_for_loss_in_pipeline_split=false",
-                    parallel__num_layers_in_first_pipeline_stage=first, parallel__num_layers_in_last_pipeline_stage=last)
+                    " ".join(flags), parallel__num_layers_in_first_pipeline_stage=first,
+                    parallel__num_layers_in_last_pipeline_stage=last)
         middle_stages = pp - (first is not None) - (last is not None)
         middle = L - (first or 0) - (last or 0)
         if middle < 0 or middle_stages < 0 or (middle_stages == 0 and middle) or (middle_stages and middle % middle_stages):
             yield V("L20", f"{L} layers minus first {first} and last {last} leave {middle} for {middle_stages} middle stages",
-                    "num_layers_in_first/last_pipeline_stage so that the rest splits evenly",
-                    model__num_layers=L, parallel__num_layers_in_first_pipeline_stage=first,
+                    f"{_uneven_fix(L, pp, v, first, last)} (so that the rest splits evenly)", model__num_layers=L,
+                    parallel__num_layers_in_first_pipeline_stage=first,
                     parallel__num_layers_in_last_pipeline_stage=last, parallel__pipeline_model_parallel_size=pp)
         else:
             each = middle // middle_stages if middle_stages else 0
             for name, n in (("first", first), ("last", last), ("middle", each)):
                 if n is not None and n % v:
                     yield V("L20", f"the {name} stage's {n} layers do not split over VPP {v}",
-                            f"a {name}-stage layer count divisible by {v}", parallel__virtual_pipeline_model_parallel_size=vpp)
+                            f"{_uneven_fix(L, pp, v, first, last)} (stage layer counts divisible by {v})",
+                            parallel__virtual_pipeline_model_parallel_size=vpp)
         return
     slots = L + acc_e + acc_l
     extra = " (+ embedding and/or loss)" if acc_e or acc_l else ""
@@ -254,10 +289,59 @@ def l14_l20_pipeline_split(c: Ctx):
                 f"parallel.pipeline_model_parallel_size=<one of {_list(good)}>, or a pipeline layout / uneven stages",
                 model__num_layers=L, parallel__pipeline_model_parallel_size=pp)
     elif vpp is not None and vpp >= 1 and slots % (pp * vpp):
+        vpps = _vpp_choices(c, slots)
+        other = f", or parallel.virtual_pipeline_model_parallel_size=<one of {_list(vpps)}>" if vpps else ""
         yield V("L15", f"{slots} layers{extra} do not split into PP x VPP = {pp}x{vpp} = {pp * vpp} virtual stages",
-                "parallel.virtual_pipeline_model_parallel_size=<VPP with (layers / PP) % VPP == 0>, or a pipeline layout",
+                f"parallel.virtual_pipeline_model_parallel_size=null{other}, or a pipeline layout",
                 model__num_layers=L, parallel__pipeline_model_parallel_size=pp,
                 parallel__virtual_pipeline_model_parallel_size=vpp)
+
+
+def _layout_fix(c: Ctx, stages: int) -> str:
+    """A layout of the model's layers over ``stages`` virtual stages, as even as they go: the embedding on the
+    first, MTP and the loss on the last, the extra layers on the middle stages."""
+    base, extra = divmod(c.arch.num_layers, stages)
+    parts = [("E" if i == 0 else "") + _layers(base + (0 < i <= extra)) + ("m" * c.arch.mtp + "L" if i == stages - 1
+                                                                           else "") for i in range(stages)]
+    text, i = "", 0
+    while i < stages - 1:  # runs of equal stages, the last one apart: "(tt|)*29"
+        n = next((k for k in range(i, stages - 1) if parts[k] != parts[i]), stages - 1) - i
+        text += f"({parts[i]}|)*{n}" if n > 1 else f"{parts[i]}|"
+        i += n
+    return f"parallel.pipeline_model_parallel_layout={_fmt(text + parts[-1])}"
+
+
+def _layers(n: int) -> str:
+    return "t" * n if n <= 3 else f"t*{n}"
+
+
+def _uneven_fix(L: int, pp: int, v: int, first: int | None, last: int | None) -> str:
+    """The first (or last) stage's layer count nearest the asked one that leaves the middle stages an even split,
+    every count divisible by VPP ``v``; without one, no uneven stages."""
+    key, asked, other = ("first", first, last) if first is not None else ("last", last, first)
+    middle_stages = pp - (first is not None) - (last is not None)
+
+    def fits(n: int) -> bool:
+        middle = L - n - (other or 0)
+        each = middle // middle_stages if middle_stages > 0 else 0
+        return (middle >= 0 and middle_stages >= 0 and (middle_stages > 0 or middle == 0)
+                and (middle_stages == 0 or middle % middle_stages == 0)
+                and all(x % v == 0 for x in (n, other or 0, each)))
+
+    good = sorted((n for n in range(1, L + 1) if fits(n)), key=lambda n: abs(n - asked))
+    if good:
+        return f"parallel.num_layers_in_{key}_pipeline_stage={good[0]}"
+    return "parallel.num_layers_in_first_pipeline_stage=null parallel.num_layers_in_last_pipeline_stage=null"
+
+
+def _vpp_choices(c: Ctx, slots: int) -> list[int]:
+    """The VPP sizes above 1 that split the layers and keep the interleaved schedule's micro-batches a multiple
+    of PP (B01) and its p2p legal (L18)."""
+    lo, b = c.layout, c.batch
+    m = b.micro_batches_per_step
+    if slots % lo.pp or (lo.pp <= 2 and not c.cfg.overlap.overlap_p2p_comm) or m < lo.pp or m % lo.pp:
+        return []
+    return [v for v in _divisors(slots // lo.pp) if v > 1]
 
 
 @rule(reads="pipeline")
@@ -277,12 +361,19 @@ def l18_interleave_p2p(c: Ctx):
 def l21_l22_sequence(c: Ctx):
     lo, s = c.layout, c.seq
     if lo.cp > 1 and s % (2 * lo.cp):
-        yield V("L21", f"seq_length {s} must be a multiple of 2 x CP = {2 * lo.cp}",
-                f"train.seq_length=<multiple of {2 * lo.cp}>", train__seq_length=s, parallel__context_parallel_size=lo.cp)
+        yield V("L21", f"seq_length {s} must be a multiple of 2 x CP = {2 * lo.cp}", _seq_fix(c), train__seq_length=s,
+                parallel__context_parallel_size=lo.cp)
     if lo.sp and lo.tp > 1 and (s // lo.cp) % lo.tp:
         yield V("L22", f"with sequence parallelism seq_length / CP = {s}/{lo.cp} = {s // lo.cp} must be divisible by TP {lo.tp}",
-                f"train.seq_length=<multiple of {lo.cp * lo.tp}>", train__seq_length=s,
+                _seq_fix(c), train__seq_length=s,
                 parallel__tensor_model_parallel_size=lo.tp, parallel__context_parallel_size=lo.cp)
+
+
+def _seq_fix(c: Ctx) -> str:
+    """The longest sequence up to the asked one that both L21 and L22 take."""
+    lo, s = c.layout, c.seq
+    unit = math.lcm(2 * lo.cp if lo.cp > 1 else 1, lo.cp * lo.tp if lo.sp and lo.tp > 1 else 1)
+    return f"train.seq_length={max(unit, s // unit * unit)} (a multiple of {unit})"
 
 
 @rule
@@ -308,15 +399,12 @@ def l24_tp_comm_overlap(c: Ctx):
 def l26_l28_tp_shapes(c: Ctx):
     tp, etp, m = c.layout.tp, c.layout.etp, c.m
     heads = m.num_attention_heads
-    good_tp = [d for d in _divisors(heads) if d <= 64]
     if heads % tp:
-        yield V("L26", f"num_attention_heads {heads} must be a multiple of TP {tp}",
-                f"parallel.tensor_model_parallel_size=<one of {_list(good_tp)}>", model__num_attention_heads=heads,
-                parallel__tensor_model_parallel_size=tp)
+        yield V("L26", f"num_attention_heads {heads} must be a multiple of TP {tp}", _tp_fix(c),
+                model__num_attention_heads=heads, parallel__tensor_model_parallel_size=tp)
     g = m.num_query_groups or heads
     if not m.multi_latent_attention and g % tp and tp % g:
-        yield V("L27", f"num_query_groups {g} must be a multiple or divisor of TP {tp}",
-                "parallel.tensor_model_parallel_size=<a multiple or divisor of the query groups>",
+        yield V("L27", f"num_query_groups {g} must be a multiple or divisor of TP {tp}", _tp_fix(c),
                 model__num_query_groups=g, parallel__tensor_model_parallel_size=tp)
     shards = [("model.ffn_hidden_size", m.ffn_hidden_size, tp, "parallel.tensor_model_parallel_size")]
     if m.num_moe_experts:
@@ -327,8 +415,19 @@ def l26_l28_tp_shapes(c: Ctx):
                        "parallel.tensor_model_parallel_size"))
     for path, width, n, knob in shards:
         if width % n:
-            yield V("L28", f"{path.split('.')[1]} {width} is not divisible by {n}", f"{knob}=<a divisor of {width}>",
+            preset = presets.chosen(c.cfg, path)
+            fit = preset if isinstance(preset, int) and preset > 0 and preset % n == 0 else max(n, round(width / n) * n)
+            yield V("L28", f"{path.split('.')[1]} {width} is not divisible by {n}",
+                    f"{path}={fit}, or {knob}=<one of {_list([d for d in _divisors(width) if d <= 64])}>",
                     **{path.replace(".", "__"): width, knob.replace(".", "__"): n})
+
+
+def _tp_fix(c: Ctx) -> str:
+    """The TP sizes every TP rule takes; without one, TP 1 without sequence parallelism."""
+    good = _tp_choices(c)
+    if good:
+        return f"parallel.tensor_model_parallel_size=<one of {_list(good)}>"
+    return "parallel.tensor_model_parallel_size=1 parallel.sequence_parallel=false"
 
 
 # --------------------------------------------------------------------------- batch, kernels, optimizer (L30-L33)

@@ -224,6 +224,10 @@ def run_point(cfg: DictConfig) -> str:
     swept, sweep_name = _sweep_context()
     snapshot = env.snapshot()
     rank = slurm.slurm_rank()
+    if (rank is None and sweep_name and obj.stage is Stage.run and obj.launcher.name == "local"
+            and outcome.complete_results(out_dir)):  # the same sweep again resumes it, as on Slurm (KEPT)
+        log.info("kept: %s holds this point's complete results.json (the same sweep again resumes it)", out_dir)
+        return "KEPT"
     if rank in (None, 0):  # the process that owns the directory
         for name in OUTCOME_FILES:
             (out_dir / name).unlink(missing_ok=True)

@@ -520,6 +520,31 @@ class CompareConfig:
     sequential: bool = False
 
 
+# What tune.allow may name: the changes that alter numerics or the label, which the loop leaves alone otherwise.
+TUNE_ALLOW = ("precision", "routing", "data")
+
+
+@dataclass(kw_only=True, slots=True)
+class TuneConfig:
+    """``python -m moe_hydra.tune``: the evidence-gated loop run by itself (moe_hydra.launch.tune, docs/tune.md).
+    Not part of the contract."""
+
+    # The most A/B trials of the retune stage (each a repeat=auto sequential test against the incumbent).
+    max_trials: int = 16
+    # The most GPU-hours (processes x wall hours on the CPU) the whole loop may spend, every stage's runs counted.
+    budget_gpu_hours: float = 8.0
+    # Changes that alter numerics or the label, allowed to be tried: any of precision, routing, data.
+    allow: List[str] = field(default_factory=list)
+    # The layouts of the scale stage's tie set screened with real runs, at most.
+    screen_top_k: int = 4
+    # Runs per arm of each retune A/B, at most (compare.max_repeats of its repeat=auto).
+    max_repeats: int = 4
+    # The steady window of the screening, profile and retune runs (6-12 steps), after contract.warmup_steps.
+    window: List[int] = field(default_factory=lambda: [4, 11])
+    # Steps of the validation run (>= 50: the acceptance gate's), its steady window the last 10.
+    validate_steps: int = 50
+
+
 @dataclass(kw_only=True, slots=True)
 class ProfileConfig:
     """The workflow's profile stage (``profile=window``): a declared window of steady steps traced on every rank
@@ -619,6 +644,7 @@ class Config:
     step_model: StepModelConfig = field(default_factory=StepModelConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
+    tune: TuneConfig = field(default_factory=TuneConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 

@@ -1,0 +1,113 @@
+"""A tune's story, from its journal (tune.json): ``tune.md``, read in two minutes — the start, the contract, each
+stage's evidence, every accepted change with its measured gain and the wall that moved, the rejected candidates and
+why, the validated winner and the command that reproduces it — and ``tune.png``: the step time after each accepted
+change (with the interval of its A/B) and the walls of the first and last profile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from moe_hydra.core import io
+
+
+def _pct(x: Any) -> str:
+    return f"{x:+.1%}" if isinstance(x, (int, float)) else "n/a"
+
+
+def _interval(iv: Any) -> str:
+    return f"[{_pct(iv[0])}, {_pct(iv[1])}]" if isinstance(iv, list) and len(iv) == 2 else ""
+
+
+def markdown(j: dict[str, Any]) -> str:
+    stages = {s["stage"]: s for s in j.get("stages") or []}
+    start, winner = j.get("start") or {}, j.get("winner") or {}
+    lines = ["# moe_hydra tune", "",
+             f"**Start** `{' '.join(start.get('overrides') or []) or '(defaults)'}`: "
+             f"{start.get('step_time_ms') or float('nan'):.1f} ms/step.  ",
+             f"**Winner** `{' '.join(winner.get('overrides') or [])}`: {winner.get('step_time_ms') or float('nan'):.1f} "
+             f"ms/step, {winner.get('verdict')} against the start {_pct(winner.get('rel_step_time'))} "
+             f"{_interval(winner.get('interval'))} ({winner.get('interval_is') or 'sequential A/B'} interval); "
+             f"{'validated' if winner.get('validated') else 'not accepted by the gate (see validate)'}.  ",
+             f"Spent {j.get('gpu_hours', 0):.3f} of {j.get('budget_gpu_hours')} GPU-hours.", ""]
+    c = stages.get("contract", {})
+    if c:
+        lines += ["## Contract", "", f"Frozen: {', '.join(f'`{k}={v}`' for k, v in (c.get('frozen') or {}).items())}.",
+                  f"The loop may change: {', '.join(c.get('tunable') or [])}. Label: **{c.get('label')}**"
+                  + (" — every figure here is a benchmark's (mock data)." if c.get("label") == "benchmark-only" else "."),
+                  ""]
+    for name in ("fit", "scale", "screen"):
+        if name in stages:
+            lines += [f"## {name.capitalize()}", "", stages[name].get("summary", ""), ""]
+    screen = stages.get("screen", {})
+    if screen.get("arms"):
+        lines += ["| measured | predicted | layout | step ms | status |", "|---|---|---|---|---|"]
+        for a in screen["arms"]:
+            lines.append(f"| {a.get('measured_rank')} | {a.get('predicted_rank')} | {a.get('layout')} | "
+                         f"{a.get('step_ms') or float('nan'):.1f} | {a.get('status')} |")
+        lines.append("")
+    r = stages.get("retune", {})
+    if r:
+        lines += ["## Retune", "", r.get("summary", ""), "", "| # | wall | candidate | change | verdict | step time "
+                  "| interval | outcome |", "|---|---|---|---|---|---|---|---|"]
+        for t in r.get("trials") or []:
+            lines.append(f"| {t.get('n')} | {t.get('wall')} | {t.get('candidate')} | `{' '.join(t.get('change') or [])}` "
+                         f"| {t.get('verdict') or ''} | {_pct(t.get('rel_step_time'))} | {_interval(t.get('interval'))} "
+                         f"| {t.get('outcome')}"
+                         + (f": {'; '.join(t.get('reasons'))[:200]}" if t.get("reasons") else "") + " |")
+        lines += ["", "Walls of each profile (share of the slowest rank's step):", ""]
+        for p in r.get("profiles") or []:
+            walls = p.get("walls") or {}
+            lines.append(f"- {p.get('experiment')}: " + (", ".join(f"{w} {s:.0%}" for w, s in walls.items()) or "none"))
+        lines.append("")
+    for name in ("validate", "export"):
+        if name in stages:
+            lines += [f"## {name.capitalize()}", "", stages[name].get("summary", ""), ""]
+    if winner.get("command"):
+        lines += ["## Reproduce", "", "```", winner["command"], "```", ""]
+    return "\n".join(lines)
+
+
+def plot(j: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stages = {s["stage"]: s for s in j.get("stages") or []}
+    trials = [t for t in (stages.get("retune", {}).get("trials") or []) if t.get("outcome") == "accepted"]
+    names, times = ["start"], [(j.get("start") or {}).get("step_time_ms")]
+    if stages.get("screen"):
+        names.append(f"layout\n{stages['screen'].get('best', '')[:18]}")
+        times.append(next((a.get("step_ms") for a in stages["screen"].get("arms") or []
+                           if a.get("measured_rank") == 1), None))
+    for t in trials:
+        names.append(t["candidate"][:18])
+        times.append((t.get("step_time_ms") or [None, None])[-1])
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
+    xs = [i for i, t in enumerate(times) if t is not None]
+    ax.plot(xs, [times[i] for i in xs], "o-")
+    ax.set_xticks(range(len(names)), [n.replace("$", r"\$") for n in names], rotation=15, fontsize=8)
+    ax.set_ylabel("steady step time (ms)")
+    ax.set_title("step time after each accepted change")
+    profiles = stages.get("retune", {}).get("profiles") or []
+    if profiles:
+        first, last = profiles[0].get("walls") or {}, profiles[-1].get("walls") or {}
+        walls = list(first or last)
+        width = 0.4
+        bx.bar([i - width / 2 for i in range(len(walls))], [first.get(w, 0) for w in walls], width, label="first")
+        bx.bar([i + width / 2 for i in range(len(walls))], [last.get(w, 0) for w in walls], width, label="last")
+        bx.set_xticks(range(len(walls)), walls)
+        bx.set_ylabel("share of the profiled step")
+        bx.set_title("walls: first and last profile")
+        bx.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write(j: dict[str, Any], out_dir: Path) -> list[Path]:
+    md, png = out_dir / "tune.md", out_dir / "tune.png"
+    io.write_text(md, markdown(j))
+    plot(j, png)
+    return [md, png]

@@ -1,0 +1,193 @@
+"""The experiments a loop runs (tune, bisect): each one a moe_hydra command line, run in a directory of its own under
+the loop's, as a person would type it — so every experiment is a run or sweep the other commands read (compare,
+sweep status, export), launched through the configured launcher (local processes, or Slurm attached or detached).
+
+- :meth:`Driver.run`: one run (``hydra.run.dir``), or a planning sweep;
+- :meth:`Driver.ab`: a sequential A/B of two override sets (``repeat=auto``: the group-sequential test of
+  :mod:`moe_hydra.launch.sequential`), the arms written as ``experiment`` options so that any two sets of
+  overrides, not only one key's values, are one sweep; its ``sequential.json`` is the verdict.
+
+The journal is the state: every experiment is recorded (:class:`Experiment`: its command, directory, status,
+seconds and GPU-hours) as it starts and as it ends, so the same loop again skips what ended and runs again, into
+the same directory, what did not: a sweep resumes there (its complete points are kept), and a detached Slurm round
+that is still out is followed instead of queued twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from moe_hydra.core import io, overrides
+from moe_hydra.core.errors import Terminated
+from moe_hydra.core.schema import conf_dir
+from moe_hydra.launch.outcome import complete_results
+
+ENDED = ("done", "failed", "refused")  # an experiment in one of these states is never run again
+
+
+@dataclass
+class Experiment:
+    """One experiment of a loop, as its journal records it."""
+
+    name: str
+    kind: str  # run | ab | sweep
+    dir: str
+    command: list[str]
+    status: str = "started"  # started | queued | done | failed | refused
+    exit_code: int | None = None
+    seconds: float = 0.0
+    gpu_hours: float = 0.0
+    result: dict[str, Any] = field(default_factory=dict)  # what the loop read back (verdict, step time, ...)
+    error: str | None = None
+
+
+class Driver:
+    """Runs a loop's experiments under ``root``, recording each in ``journal`` (a dict with an ``experiments``
+    mapping, saved by ``save()`` after every change); ``gpus``: the processes (GPUs) one run holds."""
+
+    def __init__(self, root: Path, journal: dict[str, Any], save: Callable[[], None], gpus: int,
+                 on_start: Callable[[Experiment], None] = lambda e: None):
+        self.root, self.journal, self.save, self.gpus, self.on_start = root, journal, save, gpus, on_start
+        journal.setdefault("experiments", {})
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def get(self, name: str) -> Experiment | None:
+        entry = self.journal["experiments"].get(name)
+        return Experiment(**entry) if entry else None
+
+    def _put(self, e: Experiment) -> None:
+        self.journal["experiments"][e.name] = asdict(e)
+        self.save()
+
+    @property
+    def gpu_hours(self) -> float:
+        return sum(e.get("gpu_hours") or 0.0 for e in self.journal["experiments"].values())
+
+    def _launch(self, e: Experiment, read: Callable[[Experiment], None]) -> Experiment:
+        """Run ``e``'s command (again, into its directory, when it did not end before), then ``read`` its outcome."""
+        done = self.get(e.name)
+        if done and done.status in ENDED:
+            return done
+        if done:  # started before and did not end: the same command again, into the same directory
+            e.seconds, e.gpu_hours = done.seconds, done.gpu_hours
+        e.status = "started"
+        self._put(e)
+        self.on_start(e)
+        log = Path(e.dir + ".log")
+        log.parent.mkdir(parents=True, exist_ok=True)
+        start = time.monotonic()
+        with open(log, "a") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "moe_hydra", *e.command], stdout=out,
+                                    stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            try:
+                e.exit_code = proc.wait()
+            except (KeyboardInterrupt, Terminated):  # the loop stops: its experiment stops with it, recorded
+                proc.terminate()
+                proc.wait()
+                raise
+            finally:
+                elapsed = time.monotonic() - start
+                e.seconds += elapsed
+                e.gpu_hours += elapsed * self.gpus / 3600
+                self._put(e)
+        read(e)
+        if e.status == "started":
+            e.status = "done" if e.exit_code == 0 else "refused" if e.exit_code == 2 else "failed"
+        if e.status in ("failed", "refused") and not e.error:
+            tail = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-3:]
+            e.error = " | ".join(tail)[-400:]
+        self._put(e)
+        return e
+
+    # ------------------------------------------------------------------ experiments
+
+    def run(self, name: str, args: list[str], sweep: bool = False) -> Experiment:
+        """``python -m moe_hydra ARGS`` into ``<root>/<name>`` (``hydra.run.dir``, or ``hydra.sweep.dir`` for a
+        sweep); ``result`` holds a single run's results.json figures (``step_time_ms``...) when it completed."""
+        d = self.root / name
+        command = [*args, f"hydra.{'sweep' if sweep else 'run'}.dir={d}", *(["-m"] if sweep else [])]
+
+        def read(e: Experiment) -> None:
+            res = None if sweep else complete_results(d)
+            if res:
+                e.result = {k: res.get(k) for k in ("step_time_ms", "step_time_ms_std", "tokens_per_s_per_gpu",
+                                                    "tflops_per_gpu", "window_measured", "label")}
+
+        return self._launch(Experiment(name, "sweep" if sweep else "run", str(d), command), read)
+
+    def ab(self, name: str, a: list[str], b: list[str], common: list[str], max_repeats: int) -> Experiment:
+        """B against A with repeat=auto: ``a``, ``b`` the arms' overrides (written as the options
+        ``tune_a``/``tune_b`` of the ``experiment`` group in ``<dir>/search``), ``common`` the overrides both take
+        on the command line (launcher, logger, contract); ``result``: the verdict, the change in the figure judged
+        with the interval beside it, each arm's mean step time and runs."""
+        d = self.root / name
+        search = d / "search" / "experiment"
+        for arm, overs in (("tune_a", a), ("tune_b", b)):
+            io.write_text(search / f"{arm}.yaml", experiment_yaml(overs, f"arm {arm[-1].upper()} of {name}"))
+        command = [*common, f"hydra.searchpath=[file://{(d / 'search').resolve()}]", "experiment=tune_a,tune_b",
+                   "repeat=auto", f"compare.max_repeats={max_repeats}", f"hydra.sweep.dir={d}", "-m"]
+
+        def read(e: Experiment) -> None:
+            e.result = verdict(d)
+            if e.result.get("status") == "queued":
+                e.status = "queued"
+
+        return self._launch(Experiment(name, "ab", str(d), command), read)
+
+
+def experiment_yaml(overs: list[str], title: str) -> str:
+    """Overrides as an option of the ``experiment`` group: config groups as the defaults list's overrides, values as
+    the tree they set (as the layout search writes its top layouts)."""
+    parsed = overrides.parse(overs)
+    groups = [(o.key_or_group, o.value()) for o in parsed if _is_group(o.key_or_group)]
+    values = [o.input_line for o in parsed if not _is_group(o.key_or_group)]
+    lines = ["# @package _global_", f"# {title}: {' '.join(overs) or '(defaults)'}"]
+    if groups:
+        lines.append("defaults:\n" + "\n".join(f"  - override /{g}: {v}" for g, v in groups))
+    tree = overrides.tree(values) if values else {}
+    return "\n".join(lines) + "\n" + (OmegaConf.to_yaml(tree) if tree else "")
+
+
+def _is_group(key: str) -> bool:
+    """A config group of moe_hydra's (``recompute``, ``mesh``: a directory of conf/), not a dotted key."""
+    return "." not in key and (conf_dir() / key.lstrip("+~")).is_dir()
+
+
+def verdict(sweep_dir: Path) -> dict[str, Any]:
+    """repeat=auto's record of a sweep (sequential.json), read for a loop: status, verdict, the figure and its change
+    with the interval beside the verdict, runs per arm and each arm's mean step time over its runs."""
+    path = sweep_dir / "sequential.json"
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {"status": "missing", "verdict": None}
+    pair = (rec.get("pairs") or [{}])[0]
+    means: dict[str, list[float]] = {}
+    for rnd in rec.get("rounds") or []:
+        for p in rnd.get("points") or []:
+            if p.get("mean_ms") is not None:
+                means.setdefault(p["arm"], []).append(p["mean_ms"])
+    arms = rec.get("arms") or []
+    mean = {a: sum(v) / len(v) for a, v in means.items()}
+    return {"status": rec.get("status"), "verdict": pair.get("verdict"), "metric": pair.get("metric"),
+            "rel_step_time": pair.get("rel_step_time"), "rel_tokens_per_s_per_gpu":
+            pair.get("rel_tokens_per_s_per_gpu"), "interval": pair.get("verdict_ci"), "interval_is":
+            pair.get("verdict_ci_is"), "runs": pair.get("runs"), "runs_needed": pair.get("runs_needed"),
+            "step_time_ms": [mean.get(a) for a in arms], "file": str(path)}
+
+
+def shell(args: list[str]) -> str:
+    """A command line as a person would paste it."""
+    return "python -m moe_hydra " + " ".join(shlex.quote(a) for a in args)

@@ -1,0 +1,439 @@
+"""``python -m moe_hydra.tune``: the evidence-gated loop run by itself, from a model and a cluster to a validated,
+exported configuration (docs/tune.md).
+
+    contract -> fit -> scale -> screen -> profile -> retune (profile again after each accepted change) -> validate
+    -> export
+
+Every decision is a measurement recorded in ``tune.json`` (:data:`TUNE_VERSION`), the loop's journal and its
+state: the same command again continues where it stopped, never running a finished experiment again
+(:class:`moe_hydra.launch.experiments.Driver`). The experiments are moe_hydra's own commands, each in a directory
+of the tune's: the layout search with its screening of the tie set (``hydra/sweeper=layout``), ``profile=window``
+runs, and the sequential A/Bs of ``repeat=auto``, the only test that accepts a retune change ("faster"). What the
+loop may change: the layout (both meshes), the micro-batch at the fixed global batch, recompute and offload, the
+dispatcher, the communication overlaps, CUDA graphs and kernels; precision, routing and data only when
+``tune.allow`` names them (they change numerics or the label).
+
+Outputs in the tune directory (``hydra.sweep.dir``): ``tune.json``; ``tune.md``, the story; ``tune.png``, step
+time per accepted change and the walls before and after; ``best/``: the winner's overrides, its Megatron-LM and
+Megatron-Bridge commands and its baseline file (golden values for ``moe-hydra regress``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from moe_hydra.core import io
+from moe_hydra.core.errors import Failed, Refused
+from moe_hydra.core.schema import TUNE_ALLOW, Stage
+from moe_hydra.launch import compose, directories, experiments
+from moe_hydra.planning import retune
+
+TUNE_FILE = "tune.json"
+TUNE_VERSION = 1
+LOCK = ".tune.lock"
+STAGES = ("contract", "fit", "scale", "screen", "profile", "retune", "validate", "export")
+# Overrides that say how the loop's experiments run, not what they run: every experiment takes them as they are
+RUN_HOW = ("launcher", "logger", "hydra", "compare", "contract", "tune", "stage", "repeat", "profile")
+# What the layout search chooses (it replaces these in the arms)
+LAYOUT = ("mesh", "attention_mesh", "expert_mesh", "parallel.")
+
+
+def _key(o: str) -> str:
+    return o.lstrip("+~").split("=", 1)[0]
+
+
+def _how(o: str) -> bool:
+    return _key(o).split(".")[0].split("/")[0] in RUN_HOW
+
+
+def merge(arm: list[str], change: list[str]) -> list[str]:
+    """``arm`` with ``change`` applied: an override of the same key replaced; a config group's option replaced with
+    the dotted overrides of that group (``recompute=none`` drops ``recompute.recompute_modules=...``)."""
+    keys = {_key(o) for o in change}
+    groups = {k for k in keys if "." not in k}
+    kept = [o for o in arm if _key(o) not in keys and _key(o).split(".")[0] not in groups]
+    return kept + list(change)
+
+
+def without_layout(arm: list[str]) -> list[str]:
+    return [o for o in arm if not _key(o).startswith(LAYOUT) and _key(o) not in LAYOUT]
+
+
+class Tune:
+    """One tune: its directory, its journal, its experiments."""
+
+    def __init__(self, args: list[str]):
+        self.args = list(args)
+        self.how = [o for o in args if _how(o) and not _key(o).startswith(("hydra.sweep.dir", "hydra.run.dir"))
+                    and not _key(o).startswith("tune.")]
+        self.start = [o for o in args if not _how(o)]
+        self.limits = [o for o in args if _key(o).startswith("tune.")]  # the loop's own bounds (tune.*), not an arm's
+        self.cfg = self._check(self.start)
+        self.tcfg = self.cfg.tune
+        self.dir = self._directory()
+        self.lock = directories.hold(self.dir, LOCK, "hydra.sweep.dir", what="tune")
+        self.journal = self._journal()
+        gpus = self.cfg.hardware.nodes * self.cfg.hardware.devices_per_node
+        self.console = io.console()
+        self.driver = experiments.Driver(self.dir, self.journal, self.save, gpus, on_start=self._started)
+
+    # ------------------------------------------------------------------ refusals, before anything runs
+
+    def _check(self, start: list[str]) -> Any:
+        """The composed start, refused (exit 2, the override named) when it does not compose, names what tune.allow
+        cannot, or breaks a rule (tune.* out of bounds is S02's); every refusal at once."""
+        try:
+            cfg = compose.compose_typed([*start, *self.how_values(), *self.limits])
+        except Exception as e:  # noqa: BLE001 - Hydra's and omegaconf's composition errors: bad input
+            raise Refused(f"the overrides do not compose: {str(e).splitlines()[0]}") from None
+        problems = []
+        unknown = sorted(set(cfg.tune.allow) - set(TUNE_ALLOW))
+        if unknown:
+            problems.append(f"tune.allow names {', '.join(unknown)}; it may name {', '.join(TUNE_ALLOW)} (fix: "
+                            f"tune.allow=[{','.join(a for a in cfg.tune.allow if a in TUNE_ALLOW)}])")
+        w = list(cfg.tune.window)
+        if len(w) != 2 or not 1 <= w[0] <= w[1]:
+            problems.append(f"tune.window must be [first, last] steps, 1 <= first <= last (is {w}); fix: "
+                            "tune.window=[4,11]")
+        if cfg.stage is not Stage.run:
+            problems.append(f"tune measures: it needs stage=run (is stage={cfg.stage.value}); fix: drop stage=")
+        if problems:
+            raise Refused("\n  ".join(problems) + "\nNothing was run.")
+        from moe_hydra.core.resolved import resolve
+        from moe_hydra.core.violations import LayoutError
+        from moe_hydra.planning import plan
+
+        try:
+            violations = plan.run_violations(resolve(cfg))
+        except LayoutError as e:
+            violations = e.violations
+        if violations:
+            raise Refused("the start is refused before the loop begins:\n"
+                          + "\n".join(str(v) for v in violations) + "\nNothing was run.")
+        return cfg
+
+    def how_values(self) -> list[str]:
+        """The run-how overrides that compose (not Hydra's own)."""
+        return [o for o in self.how if not _key(o).startswith("hydra")]
+
+    def _directory(self) -> Path:
+        given = [o.split("=", 1)[1] for o in self.args if _key(o) == "hydra.sweep.dir"]
+        if given:
+            return Path(given[-1])
+        import datetime
+
+        now = datetime.datetime.now()
+        return directories.fresh(Path("outputs/tune") / now.strftime("%Y-%m-%d") / now.strftime("%H-%M-%S"),
+                                 "hydra.sweep.dir")
+
+    def _journal(self) -> dict[str, Any]:
+        path = self.dir / TUNE_FILE
+        if not path.exists():
+            return {"tune_version": TUNE_VERSION, "status": "running", "args": self.args, "start": {
+                "overrides": self.start}, "stages": [], "experiments": {}}
+        try:
+            import json
+
+            journal = json.loads(io.read_named(path, "the tune journal"))
+        except ValueError as e:
+            raise Refused(f"{path}: not JSON ({e}); move it away to start a new tune there") from None
+        if journal.get("start", {}).get("overrides") != self.start:
+            self.lock.close()
+            raise Refused(f"{self.dir} holds another tune (started from {' '.join(journal.get('start', {}).get('overrides') or [])!r}); "
+                          "start this one in a directory of its own: hydra.sweep.dir=<dir> (that tune's own command "
+                          "resumes it)")
+        journal["status"] = "running"
+        return journal
+
+    def save(self) -> None:
+        self.journal["gpu_hours"] = round(self.driver.gpu_hours, 6) if hasattr(self, "driver") else 0.0
+        self.journal["budget_gpu_hours"] = self.tcfg.budget_gpu_hours
+        io.write_json(io.finite(self.journal), self.dir / TUNE_FILE)
+
+    # ------------------------------------------------------------------ stages
+
+    def _stage(self, name: str) -> dict[str, Any] | None:
+        return next((s for s in self.journal["stages"] if s["stage"] == name and s.get("status") == "done"), None)
+
+    def _record(self, name: str, **fields: Any) -> dict[str, Any]:
+        self.journal["stages"] = [s for s in self.journal["stages"] if s["stage"] != name]
+        entry = {"stage": name, "status": "done", **fields}
+        self.journal["stages"].append(entry)
+        self.save()
+        self.say(f"[bold]{name}[/bold]: {fields.get('summary', '')}")
+        return entry
+
+    def say(self, text: str) -> None:
+        spent = self.driver.gpu_hours if hasattr(self, "driver") else 0.0
+        self.console.print(f"tune {text}  [dim](spent {spent:.3f} of {self.tcfg.budget_gpu_hours:g} GPU-h)[/dim]")
+
+    def _started(self, e: experiments.Experiment) -> None:
+        self.console.print(f"  running {e.name}: {experiments.shell(e.command)}", markup=False, highlight=False,
+                           style="dim")
+
+    def _plan(self, arm: list[str]) -> dict[str, Any]:
+        """The plan of ``arm`` (in this process): its violations (empty when it plans) and its memory."""
+        from moe_hydra.core.resolved import resolve
+        from moe_hydra.core.violations import LayoutError
+        from moe_hydra.planning import plan
+
+        try:
+            cfg = compose.compose_typed([*arm, *self.how_values()])
+            r = resolve(cfg)
+            violations = plan.run_violations(r)
+            p = plan.make_plan(r) if not violations else None
+        except LayoutError as e:
+            return {"violations": [str(v) for v in e.violations]}
+        except Exception as e:  # noqa: BLE001 - an override that does not compose: the candidate is refused
+            return {"violations": [f"does not compose: {str(e).splitlines()[0]}"]}
+        return {"violations": [str(v) for v in violations], "cfg": cfg,
+                "memory": p and {k: p["memory"].get(k) for k in ("total", "capacity", "margin")}, "fits": p and p["fits"],
+                "label": p and p["label"]}
+
+    def contract(self) -> None:
+        if self._stage("contract"):
+            return
+        p = self._plan(self.start)
+        frozen = {k: OmegaConf.select(OmegaConf.structured(self.cfg), k) for k in (
+            "model.name", "hardware.name", "hardware.nodes", "hardware.devices_per_node", "train.global_batch_size",
+            "train.seq_length", "precision.name", "routing.name", "data.kind")}
+        tunable = ["layout (mesh, attention_mesh, expert_mesh, parallel.*)", "train.micro_batch_size (GBS fixed)",
+                   "recompute", "offload", "dispatcher", "overlap.*", "kernels.*"] + \
+            [f"{a} (tune.allow)" for a in self.tcfg.allow]
+        self._record("contract", frozen=frozen, tunable=tunable, allow=list(self.tcfg.allow), label=p.get("label"),
+                     window=list(self.tcfg.window), summary=f"frozen {', '.join(f'{k}={v}' for k, v in frozen.items())}; "
+                     f"label {p.get('label')}" + (" (benchmark-only: every figure here is a benchmark's)"
+                                                   if p.get("label") == "benchmark-only" else ""))
+
+    def fit(self) -> list[str]:
+        done = self._stage("fit")
+        if done:
+            return done["arm"]
+        p = self._plan(self.start)
+        arm = list(self.start)
+        chosen = "the start fits"
+        if p.get("fits") is False:  # the plan's own next steps, smallest first: selective before full, offload last
+            from moe_hydra.core.resolved import resolve
+            from moe_hydra.planning import plan
+
+            steps = plan.memory_verdict(plan.assess(resolve(p["cfg"])), plan.mcore_facts())["memory_suggestions"]
+            first = next((s for s in steps if s["fits"]), None)
+            if first is None:
+                raise Refused("the start does not fit and no memory step of the plan makes it fit; more GPUs")
+            arm, chosen = merge(arm, first["overrides"]), " ".join(first["overrides"])
+        e = self.driver.run("fit", [*arm, *self.how, "stage=fit"])
+        fit_json = io.read_json(Path(e.dir) / "fit.json") or {}
+        self._record("fit", arm=arm, memory=p.get("memory"), fits=p.get("fits"), chosen=chosen, experiment=e.name,
+                     built=e.status, fit=fit_json.get("agrees") if isinstance(fit_json, dict) else None,
+                     summary=f"{chosen}; stage=fit build {e.status}")
+        return arm
+
+    def scale_and_screen(self, arm: list[str]) -> list[str]:
+        done = self._stage("screen")
+        if done:
+            return done["arm"]
+        first, last = self.tcfg.window
+        e = self.driver.run("scale", [*arm, *self.how, "hydra/sweeper=layout", f"hydra.sweeper.top_k="
+                                      f"{self.tcfg.screen_top_k}", f"hydra.sweeper.screen_window=[{first},{last}]",
+                                      f"hydra.sweeper.screen_warmup={first - 1}"], sweep=True)
+        report = io.read_json(Path(e.dir) / "layouts.json") or {}
+        ranked = [c for c in report.get("candidates") or [] if c.get("rank")]
+        tied = [c for c in ranked if c.get("tied")]
+        self._record("scale", experiment=e.name, candidates=(report.get("counts") or {}).get("candidates"),
+                     ranked=len(ranked), tie_set=[c["layout"] for c in tied], tie_width=report.get("tie_width"),
+                     summary=f"{len(ranked)} layouts ranked, {len(tied)} tied with the best within "
+                             f"x{report.get('tie_width') or 0:.2f}: the screen measures them")
+        screening = report.get("screening") or {}
+        arms = screening.get("arms") or []
+        best = next((a for a in arms if a.get("measured_rank") == 1), None)
+        if best is None:
+            if e.status == "queued":
+                raise _Queued(e)
+            raise Failed(f"the screening measured no layout ({e.dir}: {e.error or 'no screening in layouts.json'})")
+        new = merge(without_layout(arm), best["overrides"])
+        self._record("screen", arm=new, experiment=e.name, arms=[
+            {k: a.get(k) for k in ("layout", "status", "step_ms", "ci_ms", "measured_rank", "predicted_rank",
+                                   "tie_with_best", "dir")} for a in arms],
+            best=best["layout"], summary=f"{best['layout']} fastest of {len(arms)} measured "
+                                         f"({best.get('step_ms', float('nan')):.1f} ms/step)")
+        return new
+
+    def profile(self, arm: list[str], n: int) -> dict[str, Any]:
+        first, last = self.tcfg.window
+        e = self.driver.run(f"profile-{n:02d}", [*arm, *self.how, "profile=window",
+                                                  f"contract.warmup_steps={first - 1}", f"contract.window=[{first},{last}]"])
+        prof = io.read_json(Path(e.dir) / "profile.json")
+        plan_json = io.read_json(Path(e.dir) / "plan.json") or {}
+        mem = plan_json.get("memory") or {}
+        margin = mem.get("margin") / mem["capacity"] if mem.get("capacity") and mem.get("margin") is not None else None
+        walls = retune.walls_of(prof, margin) if prof else {}
+        return {"experiment": e.name, "status": e.status, "walls": walls, "dominant": next(iter(walls), None),
+                "step_time_ms": e.result.get("step_time_ms")}
+
+    def retune_loop(self, arm: list[str]) -> tuple[list[str], list[dict[str, Any]]]:
+        """The retune stage: candidates for the dominant wall first (then the next walls), each A/B'd against the
+        incumbent; a "faster" verdict is accepted and the incumbent profiled again."""
+        trials: list[dict[str, Any]] = []
+        profiles = [self.profile(arm, 0)]
+        self._record("profile", **profiles[0], summary=_walls_line(profiles[0]))
+        tried: set[tuple[str, ...]] = set()
+        n = 0
+        accepted = []
+        while n < self.tcfg.max_trials and self.driver.gpu_hours < self.tcfg.budget_gpu_hours:
+            won = False
+            walls = [w for w, share in profiles[-1]["walls"].items() if share >= 0.05] or list(retune.WALLS)
+            inc_cfg = self._plan(arm).get("cfg") or self.cfg
+            for wall in walls:
+                for cand, change in retune.candidates(inc_cfg, wall, self.tcfg.allow):
+                    new = merge(arm, change)
+                    key = tuple(sorted(new))
+                    if key in tried:
+                        continue
+                    tried.add(key)
+                    planned = self._plan(new)
+                    trial = {"n": n + 1, "wall": wall, "candidate": cand.name, "change": change, "why": cand.why,
+                             "source": cand.source}
+                    if planned["violations"]:
+                        trials.append({**trial, "outcome": "refused by the rules", "reasons": planned["violations"]})
+                        continue
+                    if n >= self.tcfg.max_trials or self.driver.gpu_hours >= self.tcfg.budget_gpu_hours:
+                        break
+                    n += 1
+                    e = self.driver.ab(f"retune-{n:02d}", arm, new, self.how, self.tcfg.max_repeats)
+                    if e.status == "queued":
+                        raise _Queued(e)
+                    v = e.result
+                    trials.append({**trial, "experiment": e.name, "status": e.status, "verdict": v.get("verdict"),
+                                   "rel_step_time": v.get("rel_step_time"), "interval": v.get("interval"),
+                                   "runs": v.get("runs"), "step_time_ms": v.get("step_time_ms"),
+                                   "outcome": "accepted" if v.get("verdict") == "faster" else "rejected"})
+                    self.say(f"retune {n}: {cand.name} ({' '.join(change)}) for {wall}: {v.get('verdict')}"
+                             + (f" {v['rel_step_time']:+.1%}" if v.get("rel_step_time") is not None else ""))
+                    if v.get("verdict") == "faster":
+                        arm = new
+                        accepted.append(trials[-1])
+                        profiles.append(self.profile(arm, len(profiles)))
+                        won = True
+                        break
+                if won or n >= self.tcfg.max_trials:
+                    break
+            if not won:
+                break
+        ended = ("no candidate for the walls won" if n < self.tcfg.max_trials and
+                 self.driver.gpu_hours < self.tcfg.budget_gpu_hours else "the budget")
+        self._record("retune", arm=arm, trials=trials, accepted=[t["candidate"] for t in accepted], profiles=profiles,
+                     ended_by=ended, summary=f"{len(accepted)} of {n} A/Bs accepted "
+                     f"({', '.join(t['candidate'] for t in accepted) or 'none'}); ended by {ended}")
+        return arm, profiles
+
+    def validate(self, winner: list[str]) -> dict[str, Any]:
+        steps = self.tcfg.validate_steps
+        e = self.driver.run("validate", [*winner, *self.how, f"contract.window=[{steps - 9},{steps}]"])
+        accepted, reasons = False, []
+        if e.status == "done":
+            from moe_hydra.analysis import acceptance, baseline
+            from moe_hydra.analysis.runs import load
+
+            loaded = load([Path(e.dir)], lambda m: None)
+            reasons, _ = acceptance.accept(loaded.runs, [])
+            accepted = not reasons and bool(loaded.runs)
+            if loaded.runs:  # golden values for moe-hydra regress, accepted or benchmark-only (labelled)
+                run = loaded.runs[0]
+                baseline.save(baseline.make(run.path, run.results, run.window_steps), self.dir / "best" / "baseline.json")
+        verdict = None
+        if winner != self.start:
+            v = self.driver.ab("verdict", self.start, winner, self.how, self.tcfg.max_repeats)
+            if v.status == "queued":
+                raise _Queued(v)
+            verdict = v.result
+        return {"experiment": e.name, "status": e.status, "accepted": accepted, "refusals": reasons,
+                "step_time_ms": e.result.get("step_time_ms"), "window": e.result.get("window_measured"),
+                "against_start": verdict}
+
+    def export(self, validate_dir: Path, winner: list[str]) -> list[str]:
+        from moe_hydra.commands import run_command
+        import contextlib
+        import io as text_io
+
+        best = self.dir / "best"
+        written = []
+        io.write_text(best / "overrides.txt", "\n".join(winner) + "\n")
+        written.append(str(best / "overrides.txt"))
+        for fmt, name in (("megatron-lm", "megatron-lm.sh"), ("bridge", "bridge.txt")):
+            out, err = text_io.StringIO(), text_io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                code = run_command("export", [fmt, str(validate_dir)])
+            if code == 0:
+                io.write_text(best / name, out.getvalue())
+                written.append(str(best / name))
+            else:
+                self.say(f"export {fmt}: {err.getvalue().strip()[-300:]}")
+        return written
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> int:
+        try:
+            self.say(f"in {self.dir}: start {' '.join(self.start) or '(defaults)'}")
+            self.contract()
+            arm = self.fit()
+            arm = self.scale_and_screen(arm)
+            arm, profiles = self.retune_loop(arm)
+            v = self.validate(arm)
+            self._record("validate", **v, summary=_validate_line(v))
+            written = self.export(Path(self.driver.get("validate").dir), arm)
+            self._record("export", files=written, summary=", ".join(Path(w).name for w in written))
+            self._finish(arm, v, profiles)
+        except _Queued as q:
+            self.journal["status"] = "queued"
+            self.save()
+            self.say(f"{q.experiment.name} is queued on Slurm; once it has run (python -m moe_hydra.sweep wait "
+                     f"{q.experiment.dir}), the same command continues the tune")
+            return 0
+        finally:
+            self.lock.close()
+        return 0
+
+    def _finish(self, winner: list[str], v: dict[str, Any], profiles: list[dict[str, Any]]) -> None:
+        against = v.get("against_start") or {}
+        means = against.get("step_time_ms") or [None, None]
+        start_ms = means[0] if means[0] is not None else profiles[0].get("step_time_ms")
+        winner_ms = means[1] if len(means) > 1 and means[1] is not None else start_ms
+        self.journal["start"].update(step_time_ms=start_ms)
+        self.journal["winner"] = {"overrides": winner, "step_time_ms": winner_ms,
+                                  "verdict": against.get("verdict") or "the start (nothing won)",
+                                  "rel_step_time": against.get("rel_step_time"), "interval": against.get("interval"),
+                                  "interval_is": against.get("interval_is"), "validated": v.get("accepted"),
+                                  "command": experiments.shell([*winner, *self.how])}
+        self.journal["status"] = "done"
+        self.save()
+        from moe_hydra.analysis import tune_report
+
+        tune_report.write(self.journal, self.dir)
+        self.say(f"done: {start_ms:.1f} -> {winner_ms:.1f} ms/step ({self.journal['winner']['verdict']}); "
+                 f"{self.dir / 'tune.md'}" if start_ms and winner_ms else f"done: {self.dir / 'tune.md'}")
+
+
+class _Queued(Exception):
+    """An experiment queued on Slurm (detached): the tune returns, and the same command continues it."""
+
+    def __init__(self, experiment: experiments.Experiment):
+        super().__init__(experiment.name)
+        self.experiment = experiment
+
+
+def _walls_line(p: dict[str, Any]) -> str:
+    walls = p.get("walls") or {}
+    return (f"dominant wall {p.get('dominant')} (" + ", ".join(f"{w} {s:.0%}" for w, s in walls.items()) + ")"
+            if walls else f"no profile ({p.get('status')})")
+
+
+def _validate_line(v: dict[str, Any]) -> str:
+    against = v.get("against_start") or {}
+    return (f"{v.get('step_time_ms') or float('nan'):.1f} ms/step over the window {v.get('window')}; "
+            + ("accepted" if v.get("accepted") else "not accepted: " + "; ".join(v.get("refusals") or ["no run"]))
+            + (f"; against the start: {against.get('verdict')} {against['rel_step_time']:+.1%}"
+               if against.get("rel_step_time") is not None else ""))

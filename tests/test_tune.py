@@ -1,0 +1,128 @@
+"""moe-hydra tune: the loop's parts (merging a change into an arm, the retune table, the walls, arms written as
+experiment options), its refusals before anything runs, and the loop itself on tiny_moe from a poor start, killed
+in the middle of a retune A/B and resumed by the same command."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from moe_hydra.commands import run_command
+from moe_hydra.launch import compose, experiments, tune
+from moe_hydra.planning import retune
+
+POOR = ["hardware.devices_per_node=2", "logger=none", "recompute=full", "train.micro_batch_size=1",
+        "train.global_batch_size=8"]
+
+
+def test_merge_replaces_the_key_and_a_groups_dotted_overrides():
+    arm = ["recompute=selective", "recompute.recompute_modules=[core_attn]", "train.micro_batch_size=1", "seed=3"]
+    assert tune.merge(arm, ["recompute=none"]) == ["train.micro_batch_size=1", "seed=3", "recompute=none"]
+    assert tune.merge(arm, ["train.micro_batch_size=2"])[-1] == "train.micro_batch_size=2"
+    assert tune.without_layout(["mesh=ep8", "parallel.expert_model_parallel_size=8", "seed=1"]) == ["seed=1"]
+
+
+def test_the_retune_table_proposes_what_applies_here():
+    cpu = compose.compose_typed(POOR)
+    compute = [c.name for c, _ in retune.candidates(cpu, "compute")]
+    assert compute[:2] == ["recompute off", "selective recompute"] and "lower precision (FP8)" not in compute
+    host = dict((c.name, o) for c, o in retune.candidates(cpu, "host"))
+    assert host == {"fewer, larger micro-batches": ["train.micro_batch_size=2"]}  # no CUDA graphs on a CPU
+    gpu = compose.compose_typed(["hardware=h100_sxm", "expert_mesh=ep8"])
+    assert "lower precision (FP8)" not in [c.name for c, _ in retune.candidates(gpu, "compute")]
+    assert "lower precision (FP8)" in [c.name for c, _ in retune.candidates(gpu, "compute", allow=["precision"])]
+    assert any(c.name == "CUDA graphs" for c, _ in retune.candidates(gpu, "host"))
+
+
+def test_walls_are_read_from_the_slowest_rank_and_memory_from_the_margin():
+    prof = {"slowest_rank": {"wall_ms": 100.0, "compute_ms": 50.0, "exposed_communication_ms": 30.0,
+                             "host_ms": 15.0, "idle_ms": 5.0, "memcpy_ms": 0.0}}
+    walls = retune.walls_of(prof)
+    assert list(walls) == ["compute", "communication", "host", "memory"] and walls["host"] == pytest.approx(0.2)
+    assert next(iter(retune.walls_of(prof, fits_margin=0.03))) == "memory"
+
+
+def test_an_arm_written_as_an_experiment_composes_as_its_overrides(tmp_path):
+    arm = ["hardware.devices_per_node=2", "recompute=selective", "train.micro_batch_size=2",
+           "parallel.expert_model_parallel_size=2"]
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "tune_a.yaml").write_text(experiments.experiment_yaml(arm, "arm A"))
+    via = compose.compose([f"hydra.searchpath=[file://{tmp_path}]", "experiment=tune_a"])
+    direct = compose.compose(arm)
+    for key in ("recompute", "train", "parallel", "hardware"):
+        assert via[key] == direct[key], key
+
+
+@pytest.mark.parametrize("bad, said", [(["tune.allow=[precision,speed]"], "tune.allow names speed"),
+                                       (["tune.budget_gpu_hours=0"], "tune.budget_gpu_hours"),
+                                       (["tune.max_trials=0"], "tune.max_trials"),
+                                       (["recompute=fastest"], "recompute")])
+def test_bad_input_is_refused_before_anything_runs(tmp_path, capsys, bad, said):
+    d = tmp_path / "tune"
+    assert run_command("tune", [*POOR, *bad, f"hydra.sweep.dir={d}"]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err, err
+    assert not d.exists() or not any(p.name != tune.LOCK for p in d.iterdir())  # nothing ran
+
+
+def test_a_directory_that_holds_another_tune_is_refused(tmp_path, capsys):
+    d = tmp_path / "tune"
+    d.mkdir()
+    (d / tune.TUNE_FILE).write_text(json.dumps({"tune_version": 1, "start": {"overrides": ["model=qwen3_30b_a3b"]},
+                                                "stages": [], "experiments": {}}))
+    assert run_command("tune", [*POOR, f"hydra.sweep.dir={d}"]) == 2
+    assert "holds another tune" in capsys.readouterr().err
+    assert json.loads((d / tune.TUNE_FILE).read_text())["start"]["overrides"] == ["model=qwen3_30b_a3b"]
+
+
+def _tune(d: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "moe_hydra.tune", *POOR, "tune.max_trials=2", "tune.max_repeats=3",
+                             "tune.screen_top_k=2", "tune.window=[3,8]", f"hydra.sweep.dir={d}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "WANDB_MODE": "offline"})
+
+
+@pytest.mark.slow
+def test_tune_from_a_poor_start_ends_faster_and_resumes_after_a_kill(tmp_path):
+    """The loop on tiny_moe, 2 processes, from full recompute and micro-batch 1 at GBS 8: killed once the first
+    retune A/B has a complete run, then the same command again: that run is kept (not measured again), the loop
+    ends with every stage's evidence, a winner a verdict calls faster than the start, tune.md and best/."""
+    d = tmp_path / "tune"
+    proc = _tune(d)
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline and proc.poll() is None:
+        done = list((d / "retune-01").glob("*/results.json"))
+        if done:
+            break
+        time.sleep(1)
+    assert proc.poll() is None, proc.stdout.read()[-3000:]
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143 and "Traceback" not in out, out[-3000:]
+    before = {p: p.stat().st_mtime_ns for p in (d / "retune-01").glob("*/results.json")}
+    journal = json.loads((d / tune.TUNE_FILE).read_text())
+    assert journal["status"] == "running" and journal["experiments"]["retune-01"]["status"] == "started"
+    finished = {n for n, e in journal["experiments"].items() if e["status"] == "done"}
+
+    proc = _tune(d)
+    out, _ = proc.communicate(timeout=1500)
+    assert proc.returncode == 0, out[-4000:]
+    journal = json.loads((d / tune.TUNE_FILE).read_text())
+    assert journal["status"] == "done" and {s["stage"] for s in journal["stages"]} >= set(tune.STAGES)
+    for path, mtime in before.items():  # the runs measured before the kill were kept, not measured again
+        assert path.stat().st_mtime_ns == mtime, path
+    assert all(journal["experiments"][n]["status"] == "done" for n in finished)
+    winner = journal["winner"]
+    assert winner["verdict"] == "faster" and winner["step_time_ms"] < journal["start"]["step_time_ms"], winner
+    retuned = next(s for s in journal["stages"] if s["stage"] == "retune")
+    assert retuned["trials"] and retuned["profiles"][0]["dominant"] in retune.WALLS
+    assert (d / "tune.md").read_text().count("## ") >= 6 and (d / "tune.png").stat().st_size > 1000
+    assert {p.name for p in (d / "best").iterdir()} >= {"megatron-lm.sh", "bridge.txt", "overrides.txt",
+                                                        "baseline.json"}

@@ -360,3 +360,39 @@ def test_repeat_auto_runs_one_round_per_detached_invocation_until_decided(campai
     assert set(rec["runs_used"].values()) == {rounds}  # every round's runs kept, none run twice
     entries = json.loads((sweep_dir / "sweep.json").read_text())["points"]
     assert sorted(e["num"] for e in entries) == list(range(2 * rounds))
+
+
+def test_tune_runs_detached_on_slurm_and_the_same_command_follows_it_to_the_end(tmp_path):
+    """moe-hydra tune with launcher.detach=true: each invocation queues the experiment it is at (one Slurm sweep)
+    and returns; after ``sweep wait`` the same command reads it and goes on, until tune.json says done. Every stage
+    runs on the cluster (a run is a sweep of one point) and no measured run is run again. Verdicts are not judged
+    here (the parallel part loads these cores): tests/test_tune.py judges the loop's decisions."""
+    d = tmp_path / "tune"
+    noise = tmp_path / "noise.json"
+    noise.write_text(json.dumps({"source": "measured", "run_to_run_noise": 0.20, "df": 10, "runs": 11,
+                                 "step_noise": 0.20}))
+    command = [sys.executable, "-m", "moe_hydra.tune", *BASE, "launcher.detach=true", "recompute=full",
+               "train.micro_batch_size=1", "train.global_batch_size=4", "tune.max_trials=1", "tune.max_repeats=2",
+               "tune.window=[2,5]", "compare.max_repeats=2", f"compare.noise_file={noise}", f"hydra.sweep.dir={d}"]
+    queued, measured = [], {}
+    for _ in range(16):
+        r = subprocess.run(command, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0 and "Traceback" not in r.stdout + r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
+        for path, mtime in measured.items():  # what ran before is read, never run again
+            assert path.stat().st_mtime_ns == mtime, path
+        journal = json.loads((d / "tune.json").read_text())
+        if journal["status"] == "done":
+            break
+        out = [n for n, e in journal["experiments"].items() if e["status"] == "queued"]
+        assert journal["status"] == "queued" and len(out) == 1 and "is queued on Slurm" in r.stdout, journal
+        queued.append(out[0])
+        assert sweep("wait", Path(journal["experiments"][out[0]]["dir"]), timeout=400).returncode == 0
+        measured.update({p: p.stat().st_mtime_ns for p in d.glob("*/**/results.json")})
+    assert journal["status"] == "done", journal
+    assert {s["stage"] for s in journal["stages"]} >= {"contract", "fit", "scale", "screen", "profile", "retune",
+                                                       "validate", "export"}
+    assert {"fit", "scale", "profile-00", "retune-01", "validate"} <= set(queued), queued
+    assert all(e["status"] == "done" for e in journal["experiments"].values()), journal["experiments"]
+    for name in ("fit", "profile-00", "validate"):  # the single runs went to the cluster, as sweeps of one point
+        assert json.loads((d / name / "sweep.json").read_text())["points"][0]["slurm_job_id"]
+    assert (d / "tune.md").exists() and any("megatron-lm" in p.name for p in (d / "best").iterdir())

@@ -19,6 +19,10 @@ def _interval(iv: Any) -> str:
     return f"[{_pct(iv[0])}, {_pct(iv[1])}]" if isinstance(iv, list) and len(iv) == 2 else ""
 
 
+def _bar(x: float) -> float:
+    return x if x == x and x > 0 else 0.0  # NaN (one run) and a mean outside its interval draw no bar
+
+
 def markdown(j: dict[str, Any]) -> str:
     stages = {s["stage"]: s for s in j.get("stages") or []}
     start, winner = j.get("start") or {}, j.get("winner") or {}
@@ -29,7 +33,8 @@ def markdown(j: dict[str, Any]) -> str:
              f"ms/step, {winner.get('verdict')} against the start {_pct(winner.get('rel_step_time'))} "
              f"{_interval(winner.get('interval'))} ({winner.get('interval_is') or 'sequential A/B'} interval); "
              f"{'validated' if winner.get('validated') else 'not accepted by the gate (see validate)'}.  ",
-             f"Spent {j.get('gpu_hours', 0):.3f} of {j.get('budget_gpu_hours')} GPU-hours.", ""]
+             f"Spent {j.get('gpu_hours', 0):.3f} of {j.get('budget_gpu_hours')} GPU-hours ("
+             + ", ".join(f"{k} {v:.3f}" for k, v in (j.get("gpu_hours_by_stage") or {}).items()) + ").", ""]
     c = stages.get("contract", {})
     if c:
         lines += ["## Contract", "", f"Frozen: {', '.join(f'`{k}={v}`' for k, v in (c.get('frozen') or {}).items())}.",
@@ -76,17 +81,25 @@ def plot(j: dict[str, Any], path: Path) -> None:
 
     stages = {s["stage"]: s for s in j.get("stages") or []}
     trials = [t for t in (stages.get("retune", {}).get("trials") or []) if t.get("outcome") == "accepted"]
-    names, times = ["start"], [(j.get("start") or {}).get("step_time_ms")]
+    names, times, errs = ["start"], [(j.get("start") or {}).get("step_time_ms")], [(0.0, 0.0)]
     if stages.get("screen"):
         names.append(f"layout\n{stages['screen'].get('best', '')[:18]}")
-        times.append(next((a.get("step_ms") for a in stages["screen"].get("arms") or []
-                           if a.get("measured_rank") == 1), None))
+        best = next((a for a in stages["screen"].get("arms") or [] if a.get("measured_rank") == 1), {})
+        times.append(best.get("step_ms"))
+        ci = best.get("ci_ms")
+        errs.append((best["step_ms"] - ci[0], ci[1] - best["step_ms"]) if isinstance(ci, list) and len(ci) == 2
+                    and best.get("step_ms") is not None else (0.0, 0.0))
     for t in trials:
         names.append(t["candidate"][:18])
-        times.append((t.get("step_time_ms") or [None, None])[-1])
+        a, b = (t.get("step_time_ms") or [None, None])[:2]
+        times.append(b)
+        iv = t.get("interval")  # the A/B's interval of B's change against A, drawn on B's mean
+        errs.append((b - a * (1 + iv[0]), a * (1 + iv[1]) - b) if a and b and isinstance(iv, list) and len(iv) == 2
+                    else (0.0, 0.0))
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
     xs = [i for i, t in enumerate(times) if t is not None]
-    ax.plot(xs, [times[i] for i in xs], "o-")
+    ax.errorbar(xs, [times[i] for i in xs], yerr=[[_bar(errs[i][0]) for i in xs], [_bar(errs[i][1]) for i in xs]],
+                fmt="o-", capsize=4)
     ax.set_xticks(range(len(names)), [n.replace("$", r"\$") for n in names], rotation=15, fontsize=8)
     ax.set_ylabel("steady step time (ms)")
     ax.set_title("step time after each accepted change")

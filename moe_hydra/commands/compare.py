@@ -11,7 +11,8 @@ arms the comparison is refused with the contract diff shown.
 The noise each verdict names: the arms' own when they were repeated (repeat=0,1,2); else a measured run-to-run noise
 (``--noise FILE``, else ``compare.noise_file`` as the runs or the site file set it; ``moe-hydra noise`` writes one);
 else the declared hardware.run_to_run_noise (or ``--noise-floor``), a floor. Verdicts: faster, slower, equivalent
-(within ``--equivalence``, default twice the noise of one run's mean; needs repeats or a noise file), undecided.
+(the 90 % interval within ``--equivalence``, default the runs' compare.equivalence, 5 %; needs repeats or a noise
+file), undecided.
 Runs profiled with ``profile=window`` say which wall moved. A sweep run with repeat=auto (sequential.json) is noted
 with its own, sequential verdict. A campaign still running (a detached Slurm sweep) is compared as far as it has got,
 with a note saying how many points are still out.

@@ -31,7 +31,8 @@ from omegaconf import OmegaConf
 from moe_hydra.core import io, overrides
 from moe_hydra.core.errors import Terminated
 from moe_hydra.core.schema import conf_dir
-from moe_hydra.launch.outcome import complete_results
+from moe_hydra.launch import ledger
+from moe_hydra.launch.outcome import DONE_STATES, complete_results
 
 ENDED = ("done", "failed", "refused")  # an experiment in one of these states is never run again
 
@@ -57,8 +58,10 @@ class Driver:
     mapping, saved by ``save()`` after every change); ``gpus``: the processes (GPUs) one run holds."""
 
     def __init__(self, root: Path, journal: dict[str, Any], save: Callable[[], None], gpus: int,
-                 on_start: Callable[[Experiment], None] = lambda e: None):
+                 on_start: Callable[[Experiment], None] = lambda e: None,
+                 wait: Callable[[subprocess.Popen, Experiment], int] = lambda proc, e: proc.wait()):
         self.root, self.journal, self.save, self.gpus, self.on_start = root, journal, save, gpus, on_start
+        self.wait = wait  # waits for an experiment's process (a loop shows its progress meanwhile)
         journal.setdefault("experiments", {})
 
     # ------------------------------------------------------------------ bookkeeping
@@ -80,6 +83,8 @@ class Driver:
         done = self.get(e.name)
         if done and done.status in ENDED:
             return done
+        if done and done.status == "queued" and done.kind == "run" and not still_out(Path(done.dir)):
+            return self._settled(done, read)
         if done:  # started before and did not end: the same command again, into the same directory
             e.seconds, e.gpu_hours = done.seconds, done.gpu_hours
         e.status = "started"
@@ -92,7 +97,7 @@ class Driver:
             proc = subprocess.Popen([sys.executable, "-m", "moe_hydra", *e.command], stdout=out,
                                     stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
             try:
-                e.exit_code = proc.wait()
+                e.exit_code = self.wait(proc, e)
             except (KeyboardInterrupt, Terminated):  # the loop stops: its experiment stops with it, recorded
                 proc.terminate()
                 proc.wait()
@@ -102,6 +107,7 @@ class Driver:
                 e.seconds += elapsed
                 e.gpu_hours += elapsed * self.gpus / 3600
                 self._put(e)
+        self._slurm_hours(e)
         read(e)
         if e.status == "started":
             e.status = "done" if e.exit_code == 0 else "refused" if e.exit_code == 2 else "failed"
@@ -111,19 +117,45 @@ class Driver:
         self._put(e)
         return e
 
+    def _slurm_hours(self, e: Experiment) -> None:
+        """On Slurm the GPUs are held by the jobs, not by this process: GPU-hours from each point's Elapsed
+        (sweep.json, every round of an A/B) x the GPUs a run holds."""
+        points = (ledger.read_sweep(Path(e.dir)) or {}).get("points") or []
+        elapsed = [p.get("elapsed_s") for p in points if isinstance(p, dict) and p.get("slurm_job_id")]
+        if elapsed:
+            e.gpu_hours = sum(x or 0 for x in elapsed) * self.gpus / 3600
+
+    def _settled(self, e: Experiment, read: Callable[[Experiment], None]) -> Experiment:
+        """A run queued on Slurm that has ended there: its outcome read from sweep.json and its files, never run
+        again (a stage=fit point has no results.json that would keep it)."""
+        points = (ledger.read_sweep(Path(e.dir)) or {}).get("points") or [{}]
+        state = points[0].get("state") if isinstance(points[0], dict) else None
+        e.status, e.exit_code = "started", 0 if state in DONE_STATES else 1
+        self._slurm_hours(e)
+        read(e)
+        e.status = "done" if state in DONE_STATES else "failed"
+        if e.status == "failed":
+            e.error = f"{state} on Slurm: {points[0].get('error') or 'see python -m moe_hydra.sweep status ' + e.dir}"
+        self._put(e)
+        return e
+
     # ------------------------------------------------------------------ experiments
 
     def run(self, name: str, args: list[str], sweep: bool = False) -> Experiment:
-        """``python -m moe_hydra ARGS`` into ``<root>/<name>`` (``hydra.run.dir``, or ``hydra.sweep.dir`` for a
-        sweep); ``result`` holds a single run's results.json figures (``step_time_ms``...) when it completed."""
+        """``python -m moe_hydra ARGS -m`` into ``<root>/<name>`` (``hydra.sweep.dir``): a sweep, or one run as a
+        sweep of one point (:func:`job_dir`), so that it goes through the configured launcher (Slurm included);
+        ``result`` holds that run's results.json figures (``step_time_ms``...) once it completed. Detached on
+        Slurm, an experiment whose points are still out is ``queued``."""
         d = self.root / name
-        command = [*args, f"hydra.{'sweep' if sweep else 'run'}.dir={d}", *(["-m"] if sweep else [])]
+        command = [*args, f"hydra.sweep.dir={d}", "-m"]
 
         def read(e: Experiment) -> None:
-            res = None if sweep else complete_results(d)
+            res = None if sweep else complete_results(job_dir(e))
             if res:
                 e.result = {k: res.get(k) for k in ("step_time_ms", "step_time_ms_std", "tokens_per_s_per_gpu",
                                                     "tflops_per_gpu", "window_measured", "label")}
+            elif e.exit_code == 0 and still_out(d):
+                e.status = "queued"
 
         return self._launch(Experiment(name, "sweep" if sweep else "run", str(d), command), read)
 
@@ -145,6 +177,20 @@ class Driver:
                 e.status = "queued"
 
         return self._launch(Experiment(name, "ab", str(d), command), read)
+
+
+def job_dir(e: Experiment) -> Path:
+    """Where a run experiment's files are (its one point's directory); a sweep's own directory."""
+    return Path(e.dir) / "0" if e.kind == "run" else Path(e.dir)
+
+
+def still_out(sweep_dir: Path) -> bool:
+    """Whether a Slurm sweep has points queued or running (sweep.json); never for a local one."""
+    sweep = ledger.read_sweep(sweep_dir) or {"points": []}
+    try:
+        return any(ledger.Point.from_json(p).active for p in sweep["points"])
+    except ValueError:  # a sweep.json this version cannot read: the sweep command says what is wrong with it
+        return False
 
 
 def experiment_yaml(overs: list[str], title: str) -> str:

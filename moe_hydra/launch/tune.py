@@ -74,11 +74,14 @@ class Tune:
         self.cfg = self._check(self.start)
         self.tcfg = self.cfg.tune
         self.dir = self._directory()
+        if self.cfg.logger.name == "wandb" and not any(_key(o) == "logger.group" for o in self.how):
+            self.how.append(f"logger.group=tune-{'-'.join(self.dir.resolve().parts[-2:])}")  # one W&B group a tune
         self.lock = directories.hold(self.dir, LOCK, "hydra.sweep.dir", what="tune")
         self.journal = self._journal()
         gpus = self.cfg.hardware.nodes * self.cfg.hardware.devices_per_node
         self.console = io.console()
-        self.driver = experiments.Driver(self.dir, self.journal, self.save, gpus, on_start=self._started)
+        self.driver = experiments.Driver(self.dir, self.journal, self.save, gpus, on_start=self._started,
+                                         wait=self._wait)
 
     # ------------------------------------------------------------------ refusals, before anything runs
 
@@ -151,6 +154,7 @@ class Tune:
     def save(self) -> None:
         self.journal["gpu_hours"] = round(self.driver.gpu_hours, 6) if hasattr(self, "driver") else 0.0
         self.journal["budget_gpu_hours"] = self.tcfg.budget_gpu_hours
+        self.journal["gpu_hours_by_stage"] = by_stage(self.journal["experiments"])
         io.write_json(io.finite(self.journal), self.dir / TUNE_FILE)
 
     # ------------------------------------------------------------------ stages
@@ -173,6 +177,26 @@ class Tune:
     def _started(self, e: experiments.Experiment) -> None:
         self.console.print(f"  running {e.name}: {experiments.shell(e.command)}", markup=False, highlight=False,
                            style="dim")
+
+    @staticmethod
+    def _out(e: experiments.Experiment) -> experiments.Experiment:
+        """``e``, unless it is queued on Slurm (detached): then the tune returns, and the same command goes on."""
+        if e.status == "queued":
+            raise _Queued(e)
+        return e
+
+    def _wait(self, proc: Any, e: experiments.Experiment) -> int:
+        """Wait for ``e``'s process under a live line (on a terminal): the stage, the experiment and its time, the
+        A/Bs so far and the budget."""
+        if not self.console.is_terminal:  # a log gets the stage lines only
+            return proc.wait()
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=self.console,
+                      transient=True) as bar:
+            bar.add_task(progress_line(self.journal, e.name, self.tcfg.max_trials, self.tcfg.budget_gpu_hours),
+                         total=None)
+            return proc.wait()
 
     def _plan(self, arm: list[str]) -> dict[str, Any]:
         """The plan of ``arm`` (in this process): its violations (empty when it plans) and its memory."""
@@ -224,8 +248,8 @@ class Tune:
             if first is None:
                 raise Refused("the start does not fit and no memory step of the plan makes it fit; more GPUs")
             arm, chosen = merge(arm, first["overrides"]), " ".join(first["overrides"])
-        e = self.driver.run("fit", [*arm, *self.how, "stage=fit"])
-        fit_json = io.read_json(Path(e.dir) / "fit.json") or {}
+        e = self._out(self.driver.run("fit", [*arm, *self.how, "stage=fit"]))
+        fit_json = io.read_json(experiments.job_dir(e) / "fit.json") or {}
         self._record("fit", arm=arm, memory=p.get("memory"), fits=p.get("fits"), chosen=chosen, experiment=e.name,
                      built=e.status, fit=fit_json.get("agrees") if isinstance(fit_json, dict) else None,
                      summary=f"{chosen}; stage=fit build {e.status}")
@@ -244,7 +268,7 @@ class Tune:
         tied = [c for c in ranked if c.get("tied")]
         self._record("scale", experiment=e.name, candidates=(report.get("counts") or {}).get("candidates"),
                      ranked=len(ranked), tie_set=[c["layout"] for c in tied], tie_width=report.get("tie_width"),
-                     summary=f"{len(ranked)} layouts ranked, {len(tied)} tied with the best within "
+                     summary=f"{len(ranked)} layout{'s' * (len(ranked) != 1)} ranked, {len(tied)} tied with the best within "
                              f"x{report.get('tie_width') or 0:.2f}: the screen measures them")
         screening = report.get("screening") or {}
         arms = screening.get("arms") or []
@@ -253,20 +277,47 @@ class Tune:
             if e.status == "queued":
                 raise _Queued(e)
             raise Failed(f"the screening measured no layout ({e.dir}: {e.error or 'no screening in layouts.json'})")
-        new = merge(without_layout(arm), best["overrides"])
+        new, own, decided = self._layout_evidence(arm, best, arms)
         self._record("screen", arm=new, experiment=e.name, arms=[
             {k: a.get(k) for k in ("layout", "status", "step_ms", "ci_ms", "measured_rank", "predicted_rank",
                                    "tie_with_best", "dir")} for a in arms],
-            best=best["layout"], summary=f"{best['layout']} fastest of {len(arms)} measured "
-                                         f"({best.get('step_ms', float('nan')):.1f} ms/step)")
+            best=best["layout"], start_layout=own, layout=decided["layout"], against_start=decided.get("verdict"),
+            summary=decided["why"])
         return new
+
+    def _layout_evidence(self, arm: list[str], best: dict[str, Any], arms: list[dict[str, Any]]
+                         ) -> tuple[list[str], str, dict[str, Any]]:
+        """The screen's pick replaces the start's layout only on evidence: kept when the start's own layout is the
+        pick or measured tied with it; when the screen did not measure it, a sequential A/B decides ("faster")."""
+        from moe_hydra.core.resolved import resolve
+
+        own = resolve(self._plan(arm)["cfg"]).layout.describe()
+        picked = merge(without_layout(arm), best["overrides"])
+        ms = f"{best.get('step_ms', float('nan')):.1f} ms/step"
+        if best["layout"] == own:
+            return arm, own, {"layout": own, "why": f"the start's layout {own} is the screen's pick ({ms})"}
+        mine = next((a for a in arms if a.get("layout") == own and a.get("measured_rank")), None)
+        if mine is not None:
+            if mine.get("tie_with_best"):
+                return arm, own, {"layout": own, "why": f"the start's layout {own} ({mine['step_ms']:.1f} ms/step) "
+                                  f"is tied with the screen's pick {best['layout']} ({ms}) within the noise: kept"}
+            return picked, own, {"layout": best["layout"], "why": f"{best['layout']} ({ms}) measured faster than "
+                                 f"the start's layout {own} ({mine['step_ms']:.1f} ms/step)"}
+        v = self._out(self.driver.ab("layout", arm, picked, self.how, self.tcfg.max_repeats)).result
+        verdict = v.get("verdict")
+        if verdict == "faster":
+            return picked, own, {"layout": best["layout"], "verdict": verdict, "why": f"{best['layout']} faster than "
+                                 f"the start's layout {own} in an A/B ({_pct(v.get('rel_step_time'))})"}
+        return arm, own, {"layout": own, "verdict": verdict, "why": f"the screen's pick {best['layout']} is "
+                          f"{verdict} against the start's layout {own} in an A/B: kept"}
 
     def profile(self, arm: list[str], n: int) -> dict[str, Any]:
         first, last = self.tcfg.window
         e = self.driver.run(f"profile-{n:02d}", [*arm, *self.how, "profile=window",
                                                   f"contract.warmup_steps={first - 1}", f"contract.window=[{first},{last}]"])
-        prof = io.read_json(Path(e.dir) / "profile.json")
-        plan_json = io.read_json(Path(e.dir) / "plan.json") or {}
+        e = self._out(e)
+        prof = io.read_json(experiments.job_dir(e) / "profile.json")
+        plan_json = io.read_json(experiments.job_dir(e) / "plan.json") or {}
         mem = plan_json.get("memory") or {}
         margin = mem.get("margin") / mem["capacity"] if mem.get("capacity") and mem.get("margin") is not None else None
         walls = retune.walls_of(prof, margin) if prof else {}
@@ -303,9 +354,7 @@ class Tune:
                         break
                     n += 1
                     e = self.driver.ab(f"retune-{n:02d}", arm, new, self.how, self.tcfg.max_repeats)
-                    if e.status == "queued":
-                        raise _Queued(e)
-                    v = e.result
+                    v = self._out(e).result
                     trials.append({**trial, "experiment": e.name, "status": e.status, "verdict": v.get("verdict"),
                                    "rel_step_time": v.get("rel_step_time"), "interval": v.get("interval"),
                                    "runs": v.get("runs"), "step_time_ms": v.get("step_time_ms"),
@@ -322,8 +371,9 @@ class Tune:
                     break
             if not won:
                 break
-        ended = ("no candidate for the walls won" if n < self.tcfg.max_trials and
-                 self.driver.gpu_hours < self.tcfg.budget_gpu_hours else "the budget")
+        ended = (f"tune.max_trials ({n} A/Bs)" if n >= self.tcfg.max_trials else
+                 f"tune.budget_gpu_hours ({self.driver.gpu_hours:.3f} spent)"
+                 if self.driver.gpu_hours >= self.tcfg.budget_gpu_hours else "no candidate for the walls won")
         self._record("retune", arm=arm, trials=trials, accepted=[t["candidate"] for t in accepted], profiles=profiles,
                      ended_by=ended, summary=f"{len(accepted)} of {n} A/Bs accepted "
                      f"({', '.join(t['candidate'] for t in accepted) or 'none'}); ended by {ended}")
@@ -331,24 +381,23 @@ class Tune:
 
     def validate(self, winner: list[str]) -> dict[str, Any]:
         steps = self.tcfg.validate_steps
-        e = self.driver.run("validate", [*winner, *self.how, f"contract.window=[{steps - 9},{steps}]"])
+        e = self._out(self.driver.run("validate", [*winner, *self.how, f"contract.window=[{steps - 9},{steps}]"]))
         accepted, reasons = False, []
         if e.status == "done":
             from moe_hydra.analysis import acceptance, baseline
             from moe_hydra.analysis.runs import load
 
-            loaded = load([Path(e.dir)], lambda m: None)
+            loaded = load([experiments.job_dir(e)], lambda m: None)
             reasons, _ = acceptance.accept(loaded.runs, [])
             accepted = not reasons and bool(loaded.runs)
             if loaded.runs:  # golden values for moe-hydra regress, accepted or benchmark-only (labelled)
                 run = loaded.runs[0]
                 baseline.save(baseline.make(run.path, run.results, run.window_steps), self.dir / "best" / "baseline.json")
         verdict = None
-        if winner != self.start:
-            v = self.driver.ab("verdict", self.start, winner, self.how, self.tcfg.max_repeats)
-            if v.status == "queued":
-                raise _Queued(v)
-            verdict = v.result
+        if winner != self.start:  # the headline verdict: up to compare.max_repeats runs an arm, not a trial's few
+            v = self.driver.ab("verdict", self.start, winner, self.how,
+                               max(self.cfg.compare.max_repeats, self.tcfg.max_repeats))
+            verdict = self._out(v).result
         return {"experiment": e.name, "status": e.status, "accepted": accepted, "refusals": reasons,
                 "step_time_ms": e.result.get("step_time_ms"), "window": e.result.get("window_measured"),
                 "against_start": verdict}
@@ -384,7 +433,7 @@ class Tune:
             arm, profiles = self.retune_loop(arm)
             v = self.validate(arm)
             self._record("validate", **v, summary=_validate_line(v))
-            written = self.export(Path(self.driver.get("validate").dir), arm)
+            written = self.export(experiments.job_dir(self.driver.get("validate")), arm)
             self._record("export", files=written, summary=", ".join(Path(w).name for w in written))
             self._finish(arm, v, profiles)
         except _Queued as q:
@@ -423,6 +472,36 @@ class _Queued(Exception):
     def __init__(self, experiment: experiments.Experiment):
         super().__init__(experiment.name)
         self.experiment = experiment
+
+
+def stage_of(experiment: str) -> str:
+    """The stage an experiment of the loop belongs to (its name: fit, scale, profile-00, retune-03, validate...)."""
+    if experiment == "profile-00":
+        return "profile"
+    kind = experiment.split("-")[0]
+    return {"profile": "retune", "verdict": "validate", "layout": "screen"}.get(kind, kind)
+
+
+def by_stage(experiments: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """GPU-hours spent per stage (scale holds the screening's runs: one sweep)."""
+    out: dict[str, float] = {}
+    for name, e in experiments.items():
+        out[stage_of(name)] = round(out.get(stage_of(name), 0.0) + (e.get("gpu_hours") or 0.0), 6)
+    return out
+
+
+def progress_line(journal: dict[str, Any], running: str, max_trials: int, budget: float) -> str:
+    """The live line: stage, the experiment under way, the retune's A/Bs and their verdicts so far, the budget."""
+    trials = [e for n, e in journal["experiments"].items() if n.startswith("retune-") and n != running]
+    verdicts = [(e.get("result") or {}).get("verdict") or e.get("status") for e in trials]
+    counts = ", ".join(f"{verdicts.count(v)} {v}" for v in dict.fromkeys(verdicts)) or "none yet"
+    spent = sum(e.get("gpu_hours") or 0.0 for e in journal["experiments"].values())
+    return (f"tune {stage_of(running)}: {running} | A/Bs {len(trials)} of at most {max_trials} ({counts}) | "
+            f"{spent:.3f} of {budget:g} GPU-h")
+
+
+def _pct(x: Any) -> str:
+    return f"{x:+.1%}" if isinstance(x, (int, float)) else "n/a"
 
 
 def _walls_line(p: dict[str, Any]) -> str:

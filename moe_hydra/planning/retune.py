@@ -58,6 +58,12 @@ def _larger_micro_batch(cfg: Any) -> list[str] | None:
     return [f"train.micro_batch_size={2 * mbs}"] if gbs % (2 * mbs * dp) == 0 else None
 
 
+def _smaller_micro_batch(cfg: Any) -> list[str] | None:
+    """Half the micro batch at the same global batch: half the activations in flight (more micro-batches)."""
+    mbs = cfg.train.micro_batch_size
+    return [f"train.micro_batch_size={mbs // 2}"] if mbs > 1 and mbs % 2 == 0 else None
+
+
 def _model_parallel(cfg: Any) -> int:
     p = cfg.parallel
     return max(p.tensor_model_parallel_size * p.context_parallel_size * p.pipeline_model_parallel_size, 1)
@@ -131,6 +137,8 @@ TABLE: tuple[Candidate, ...] = (
     # memory: what fits, and the copies that moving it costs
     Candidate("memory", "selective recompute", lambda cfg: ["recompute=selective"] if cfg.recompute.name == "none"
               else None, "recompute the memory-heavy modules to fit", MCORE),
+    Candidate("memory", "smaller micro-batch", _smaller_micro_batch, "half the activations held at once, at the "
+              "same global batch", WORKFLOW),
     Candidate("memory", "optimizer offload", _offload, "the optimizer's states to host memory", MCORE),
 )
 

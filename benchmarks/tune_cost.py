@@ -56,6 +56,9 @@ def _grid(root: Path, overlap: bool) -> tuple[float, list[dict]]:
         overs = [o for o in c["overrides"] if not o.startswith("train.")]
         (search / f"layout_{i}.yaml").write_text(experiments.experiment_yaml(overs, c["layout"]))
     d = root / "grid"
+    record = root / "grid.json"
+    if record.exists():  # a rerun of the benchmark in the same --dir: the grid as it ran
+        return json.loads(record.read_text())["cpu_hours"], _points(d)
     command = [sys.executable, "-m", "moe_hydra", "hardware.devices_per_node=2", "logger=none",
                "train.global_batch_size=8", "contract.window=[41,50]", f"hydra.searchpath=[file://{search.parent}]",
                "experiment=" + ",".join(f"layout_{i}" for i in range(len(legal))), "train.micro_batch_size=1,2,4",
@@ -63,14 +66,21 @@ def _grid(root: Path, overlap: bool) -> tuple[float, list[dict]]:
                f"hydra.sweep.dir={d}", "-m"]
     start = time.monotonic()
     subprocess.run(command, capture_output=True, text=True, check=False)  # refused and failed points are the grid's
-    seconds = time.monotonic() - start
+    cpu_hours = (time.monotonic() - start) * PROCESSES / 3600
+    record.write_text(json.dumps({"cpu_hours": cpu_hours, "command": command}))
+    return cpu_hours, _points(d)
+
+
+def _points(d: Path) -> list[dict]:
+    """The grid's completed points: directory and steady step time."""
+    from moe_hydra.launch.outcome import complete_results
+
     points = []
-    for res in sorted(d.glob("*/results.json")):
-        r = json.loads(res.read_text())
-        if r.get("status") == "completed" and r.get("step_time_ms"):
-            overrides = (res.parent / ".hydra" / "overrides.yaml").read_text()
-            points.append({"dir": str(res.parent), "step_time_ms": r["step_time_ms"], "overrides": overrides})
-    return seconds * PROCESSES / 3600, points
+    for point in sorted(p for p in d.iterdir() if p.is_dir() and p.name.isdigit()):
+        r = complete_results(point)
+        if r and r.get("step_time_ms"):
+            points.append({"dir": str(point), "step_time_ms": r["step_time_ms"]})
+    return points
 
 
 def _overrides_of(point_dir: Path, layouts_dir: Path) -> list[str]:
@@ -126,8 +136,8 @@ def main() -> None:
         verdict = e.result
     within = verdict.get("verdict") in ("the same configuration", "equivalent", "undecided", "faster")
     print(f"winners: tune's against the grid's: {verdict.get('verdict')}"
-          + (f" {verdict['rel_step_time']:+.1%} {verdict.get('interval')}" if verdict.get("rel_step_time") is not None
-             else ""))
+          + (f" {verdict['rel_step_time']:+.1%} [{verdict['interval'][0]:+.1%}, {verdict['interval'][1]:+.1%}]"
+             if verdict.get("rel_step_time") is not None and verdict.get("interval") else ""))
     ratio = tune_h / grid_h
     print(f"cost ratio tune / grid: {ratio:.2f} (goal <= 0.25); the same or a better winner: "
           f"{'yes' if within else 'no'}")

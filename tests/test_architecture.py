@@ -36,7 +36,8 @@ OTHER_EXCEPTIONS = {
     "Stopped": "a signal stopped the job after it recorded its steps (exit 128 + n)",
     "JobStopped": "a signal stopped the local job (exit 128 + n)",
     "Unmapped": "export's note of a value with no flag, reported beside the command it prints",
-    "_Queued": "tune's control flow: an experiment queued on Slurm (detached), the tune saves its journal, exit 0",
+    "_Budget": "ddmin's control flow: bisect.max_trials reached, the search returns the smallest failing set so far",
+    "Queued": "a loop's control flow (tune, bisect): an experiment queued on Slurm (detached), the journal saved, exit 0",
 }
 
 

@@ -396,3 +396,35 @@ def test_tune_runs_detached_on_slurm_and_the_same_command_follows_it_to_the_end(
     for name in ("fit", "profile-00", "validate"):  # the single runs went to the cluster, as sweeps of one point
         assert json.loads((d / name / "sweep.json").read_text())["points"][0]["slurm_job_id"]
     assert (d / "tune.md").exists() and any("megatron-lm" in p.name for p in (d / "best").iterdir())
+
+
+def test_bisect_runs_detached_on_slurm_and_the_same_command_follows_it_to_the_end(tmp_path):
+    """moe-hydra bisect detached: each invocation queues the A/B round (or profile run) it is at and returns; the
+    same command after ``sweep wait`` goes on until bisect.json says how it ended. Its decisions are judged in
+    tests/test_bisect.py (this part shares the cores with the parallel one)."""
+    out = tmp_path / "bi"
+    noise = tmp_path / "noise.json"
+    noise.write_text(json.dumps({"source": "measured", "run_to_run_noise": 0.20, "df": 10, "runs": 11,
+                                 "step_noise": 0.20}))
+    good = "train.global_batch_size=4 train.micro_batch_size=1"
+    command = [sys.executable, "-m", "moe_hydra.bisect", "--good", good, "--bad", f"{good} recompute=full "
+               "train.log_interval=2", "--out", str(out), *BASE, "launcher.detach=true", "bisect.max_repeats=2",
+               "bisect.window=[2,5]", f"compare.noise_file={noise}"]
+    queued = []
+    for _ in range(16):
+        r = subprocess.run(command, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0 and "Traceback" not in r.stdout + r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
+        journal = json.loads((out / "bisect.json").read_text())
+        if journal["status"] != "queued":
+            break
+        (name,) = [n for n, e in journal["experiments"].items() if e["status"] == "queued"]
+        queued.append(name)
+        assert sweep("wait", Path(journal["experiments"][name]["dir"]), timeout=400).returncode == 0
+    assert journal["status"] in ("found", "not_reproduced", "max_trials"), journal
+    assert queued[0] == "reproduce", queued
+    for name in set(queued):  # each A/B queued once a round, each run once: nothing queued twice
+        rounds = out / name / "sequential.json"
+        expected = len(json.loads(rounds.read_text())["rounds"]) if rounds.exists() else 1
+        assert queued.count(name) == expected, (name, queued)
+    assert all(e["status"] == "done" for e in journal["experiments"].values()), journal["experiments"]
+    assert (out / "bisect.md").exists()

@@ -121,7 +121,11 @@ EXAMPLES = {
     "hydra.run.dir=outputs/validate": Plan(TRAINS + " for 50 steps"),
     "moe-hydra accept outputs/validate": Fixture("accepts the run the line before trains", validated_run),
     "python -m moe_hydra.tune hardware.devices_per_node=2 recompute=full train.micro_batch_size=1 "
-    "train.global_batch_size=8 hydra.sweep.dir=outputs/tune": Skip("trains for minutes: tests/test_tune.py runs the loop from this start"),
+    "train.global_batch_size=8 hydra.sweep.dir=outputs/tune": Skip(
+        "trains for minutes: tests/test_tune.py runs the loop from this start"),
+    'python -m moe_hydra.bisect --good "train.micro_batch_size=4" --bad "train.micro_batch_size=4 recompute=full '
+    'optimizer.lr=3e-4" --out outputs/bisect hardware.devices_per_node=2': Skip(
+        "trains for minutes: tests/test_bisect.py finds full recompute among neutral optimizer keys"),
 }
 
 

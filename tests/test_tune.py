@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from moe_hydra.commands import run_command
+from moe_hydra.core import overrides
 from moe_hydra.launch import compose, experiments, tune
 from moe_hydra.planning import retune
 
@@ -24,8 +25,8 @@ POOR = ["hardware.devices_per_node=2", "logger=none", "recompute=full", "train.m
 
 def test_merge_replaces_the_key_and_a_groups_dotted_overrides():
     arm = ["recompute=selective", "recompute.recompute_modules=[core_attn]", "train.micro_batch_size=1", "seed=3"]
-    assert tune.merge(arm, ["recompute=none"]) == ["train.micro_batch_size=1", "seed=3", "recompute=none"]
-    assert tune.merge(arm, ["train.micro_batch_size=2"])[-1] == "train.micro_batch_size=2"
+    assert overrides.merge(arm, ["recompute=none"]) == ["train.micro_batch_size=1", "seed=3", "recompute=none"]
+    assert overrides.merge(arm, ["train.micro_batch_size=2"])[-1] == "train.micro_batch_size=2"
     assert tune.without_layout(["mesh=ep8", "parallel.expert_model_parallel_size=8", "seed=1"]) == ["seed=1"]
 
 
@@ -63,7 +64,8 @@ def test_an_arm_written_as_an_experiment_composes_as_its_overrides(tmp_path):
 @pytest.mark.parametrize("bad, said", [(["tune.allow=[precision,speed]"], "tune.allow names speed"),
                                        (["tune.budget_gpu_hours=0"], "tune.budget_gpu_hours"),
                                        (["tune.max_trials=0"], "tune.max_trials"),
-                                       (["recompute=fastest"], "recompute")])
+                                       (["recompute=fastest"], "recompute"),
+                                       (["hardware=h100_sxm"], "H03"), (["hardware.nodes=2"], "H01")])
 def test_bad_input_is_refused_before_anything_runs(tmp_path, capsys, bad, said):
     d = tmp_path / "tune"
     assert run_command("tune", [*POOR, *bad, f"hydra.sweep.dir={d}"]) == 2
@@ -105,7 +107,7 @@ def test_a_tune_logs_to_one_wandb_group(tmp_path):
 
 
 def _tune(d: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "moe_hydra.tune", *POOR, "tune.max_trials=3", "tune.max_repeats=4",
+    return subprocess.Popen([sys.executable, "-m", "moe_hydra.tune", *POOR, "tune.max_trials=2", "tune.max_repeats=4",
                              "tune.screen_top_k=4", f"hydra.sweep.dir={d}"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "WANDB_MODE": "offline"})

@@ -29,7 +29,8 @@ def markdown(j: dict[str, Any]) -> str:
     lines = ["# moe_hydra tune", "",
              f"**Start** `{' '.join(start.get('overrides') or []) or '(defaults)'}`: "
              f"{start.get('step_time_ms') or float('nan'):.1f} ms/step.  ",
-             f"**Winner** `{' '.join(winner.get('overrides') or [])}`: {winner.get('step_time_ms') or float('nan'):.1f} "
+             f"**Winner** `{' '.join(winner.get('overrides') or [])}`: "
+             f"{winner.get('step_time_ms') or float('nan'):.1f} "
              f"ms/step, {winner.get('verdict')} against the start {_pct(winner.get('rel_step_time'))} "
              f"{_interval(winner.get('interval'))} ({winner.get('interval_is') or 'sequential A/B'} interval); "
              f"{'validated' if winner.get('validated') else 'not accepted by the gate (see validate)'}.  ",
@@ -39,7 +40,8 @@ def markdown(j: dict[str, Any]) -> str:
     if c:
         lines += ["## Contract", "", f"Frozen: {', '.join(f'`{k}={v}`' for k, v in (c.get('frozen') or {}).items())}.",
                   f"The loop may change: {', '.join(c.get('tunable') or [])}. Label: **{c.get('label')}**"
-                  + (" — every figure here is a benchmark's (mock data)." if c.get("label") == "benchmark-only" else "."),
+                  + (" — every figure here is a benchmark's (mock data)." if c.get("label") == "benchmark-only"
+                     else "."),
                   ""]
     for name in ("fit", "scale", "screen"):
         if name in stages:
@@ -56,8 +58,9 @@ def markdown(j: dict[str, Any]) -> str:
         lines += ["## Retune", "", r.get("summary", ""), "", "| # | wall | candidate | change | verdict | step time "
                   "| interval | outcome |", "|---|---|---|---|---|---|---|---|"]
         for t in r.get("trials") or []:
-            lines.append(f"| {t.get('n')} | {t.get('wall')} | {t.get('candidate')} | `{' '.join(t.get('change') or [])}` "
-                         f"| {t.get('verdict') or ''} | {_pct(t.get('rel_step_time'))} | {_interval(t.get('interval'))} "
+            lines.append(f"| {t.get('n')} | {t.get('wall')} | {t.get('candidate')} | "
+                         f"`{' '.join(t.get('change') or [])}` | {t.get('verdict') or ''} | "
+                         f"{_pct(t.get('rel_step_time'))} | {_interval(t.get('interval'))} "
                          f"| {t.get('outcome')}"
                          + (f": {'; '.join(t.get('reasons'))[:200]}" if t.get("reasons") else "") + " |")
         lines += ["", "Walls of each profile (share of the slowest rank's step):", ""]

@@ -121,6 +121,8 @@ DOMAINS: dict[str, tuple[float, float]] = {
     "tune.screen_top_k": (1, 64),
     "tune.max_repeats": (1, 1000),
     "tune.validate_steps": (50, MAX_STEPS),
+    "bisect.max_trials": (1, 10**4),
+    "bisect.max_repeats": (2, 1000),
     "profile.top": (1, 1000),
     "launcher.timeout_min": (1, 10**6),
     "launcher.cpus_per_task": (1, 64 * K),
@@ -151,6 +153,7 @@ LIST_DOMAINS: dict[str, tuple[tuple[int, int], int | None]] = {
     "contract.window": ((1, MAX_STEPS), None),  # [first, last] measured step, 1-based (how they relate: C01)
     "profile.steps": ((1, MAX_STEPS), None),  # [first, last] profiled step (how they relate: C02)
     "tune.window": ((1, MAX_STEPS), 2),  # [first, last] steady step of tune's short runs
+    "bisect.window": ((1, MAX_STEPS), 2),  # [first, last] steady step of bisect's runs
 }
 
 

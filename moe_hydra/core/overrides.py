@@ -46,6 +46,19 @@ def override(key: str, v: Any) -> str:
     return f"{key}={text(v)}"
 
 
+def key(o: str) -> str:
+    """The key (or config group) an override sets: ``recompute`` of ``recompute=full``, ``a.b`` of ``+a.b=1``."""
+    return o.lstrip("+~").split("=", 1)[0]
+
+
+def merge(arm: list[str], change: list[str]) -> list[str]:
+    """``arm`` with ``change`` applied: an override of the same key replaced; a config group's option replaced with
+    the dotted overrides of that group (``recompute=none`` drops ``recompute.recompute_modules=...``)."""
+    keys = {key(o) for o in change}
+    groups = {k for k in keys if "." not in k}
+    return [o for o in arm if key(o) not in keys and key(o).split(".")[0] not in groups] + list(change)
+
+
 def parse(overrides: list[str]) -> list:
     """Hydra's parse of ``overrides`` (``hydra.core.override_parser.types.Override`` objects)."""
     return _parser().parse_overrides(list(overrides))

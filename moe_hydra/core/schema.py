@@ -546,6 +546,22 @@ class TuneConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class BisectConfig:
+    """``python -m moe_hydra.bisect``: which change made it slow, by delta debugging over the units that separate a
+    good configuration from a bad one (moe_hydra.launch.bisect, docs/bisect.md). Not part of the contract."""
+
+    # The most A/B trials of the search (each a repeat=auto sequential test against good), the reproduction not
+    # counted.
+    max_trials: int = 24
+    # Runs per arm of each A/B, at most (compare.max_repeats of its repeat=auto).
+    max_repeats: int = 8
+    # The steady window of the trials' runs, after contract.warmup_steps (its first step - 1).
+    window: List[int] = field(default_factory=lambda: [4, 11])
+    # Profile good and the culprit (profile=window) and name the walls that moved.
+    profile: bool = True
+
+
+@dataclass(kw_only=True, slots=True)
 class ProfileConfig:
     """The workflow's profile stage (``profile=window``): a declared window of steady steps traced on every rank
     (moe_hydra.job.profile), its wall time split into the Three Walls in ``profile.json`` (moe_hydra.core.walls).
@@ -645,6 +661,7 @@ class Config:
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
     tune: TuneConfig = field(default_factory=TuneConfig)
+    bisect: BisectConfig = field(default_factory=BisectConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 

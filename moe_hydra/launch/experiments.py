@@ -37,6 +37,15 @@ from moe_hydra.launch.outcome import DONE_STATES, complete_results
 ENDED = ("done", "failed", "refused")  # an experiment in one of these states is never run again
 
 
+class Queued(Exception):
+    """An experiment queued on Slurm (detached): the loop saves its journal and returns (exit 0), and the same
+    command continues it once the experiment has run."""
+
+    def __init__(self, experiment: Experiment):
+        super().__init__(experiment.name)
+        self.experiment = experiment
+
+
 @dataclass
 class Experiment:
     """One experiment of a loop, as its journal records it."""
@@ -179,6 +188,13 @@ class Driver:
         return self._launch(Experiment(name, "ab", str(d), command), read)
 
 
+def ready(e: Experiment) -> Experiment:
+    """``e``, unless it is queued on Slurm (detached): then :class:`Queued`, and the loop returns until it has run."""
+    if e.status == "queued":
+        raise Queued(e)
+    return e
+
+
 def job_dir(e: Experiment) -> Path:
     """Where a run experiment's files are (its one point's directory); a sweep's own directory."""
     return Path(e.dir) / "0" if e.kind == "run" else Path(e.dir)
@@ -197,8 +213,8 @@ def experiment_yaml(overs: list[str], title: str) -> str:
     """Overrides as an option of the ``experiment`` group: config groups as the defaults list's overrides, values as
     the tree they set (as the layout search writes its top layouts)."""
     parsed = overrides.parse(overs)
-    groups = [(o.key_or_group, o.value()) for o in parsed if _is_group(o.key_or_group)]
-    values = [o.input_line for o in parsed if not _is_group(o.key_or_group)]
+    groups = [(o.key_or_group, o.value()) for o in parsed if is_group(o.key_or_group)]
+    values = [o.input_line for o in parsed if not is_group(o.key_or_group)]
     lines = ["# @package _global_", f"# {title}: {' '.join(overs) or '(defaults)'}"]
     if groups:
         lines.append("defaults:\n" + "\n".join(f"  - override /{g}: {v}" for g, v in groups))
@@ -206,7 +222,7 @@ def experiment_yaml(overs: list[str], title: str) -> str:
     return "\n".join(lines) + "\n" + (OmegaConf.to_yaml(tree) if tree else "")
 
 
-def _is_group(key: str) -> bool:
+def is_group(key: str) -> bool:
     """A config group of moe_hydra's (``recompute``, ``mesh``: a directory of conf/), not a dotted key."""
     return "." not in key and (conf_dir() / key.lstrip("+~")).is_dir()
 

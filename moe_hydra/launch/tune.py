@@ -25,7 +25,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from moe_hydra.core import io
+from moe_hydra.core import io, overrides
 from moe_hydra.core.errors import Failed, Refused
 from moe_hydra.core.schema import TUNE_ALLOW, Stage
 from moe_hydra.launch import compose, directories, experiments
@@ -41,25 +41,12 @@ RUN_HOW = ("launcher", "logger", "hydra", "compare", "contract", "tune", "stage"
 LAYOUT = ("mesh", "attention_mesh", "expert_mesh", "parallel.")
 
 
-def _key(o: str) -> str:
-    return o.lstrip("+~").split("=", 1)[0]
-
-
 def _how(o: str) -> bool:
-    return _key(o).split(".")[0].split("/")[0] in RUN_HOW
-
-
-def merge(arm: list[str], change: list[str]) -> list[str]:
-    """``arm`` with ``change`` applied: an override of the same key replaced; a config group's option replaced with
-    the dotted overrides of that group (``recompute=none`` drops ``recompute.recompute_modules=...``)."""
-    keys = {_key(o) for o in change}
-    groups = {k for k in keys if "." not in k}
-    kept = [o for o in arm if _key(o) not in keys and _key(o).split(".")[0] not in groups]
-    return kept + list(change)
+    return overrides.key(o).split(".")[0].split("/")[0] in RUN_HOW
 
 
 def without_layout(arm: list[str]) -> list[str]:
-    return [o for o in arm if not _key(o).startswith(LAYOUT) and _key(o) not in LAYOUT]
+    return [o for o in arm if not overrides.key(o).startswith(LAYOUT) and overrides.key(o) not in LAYOUT]
 
 
 class Tune:
@@ -67,14 +54,14 @@ class Tune:
 
     def __init__(self, args: list[str]):
         self.args = list(args)
-        self.how = [o for o in args if _how(o) and not _key(o).startswith(("hydra.sweep.dir", "hydra.run.dir"))
-                    and not _key(o).startswith("tune.")]
+        self.how = [o for o in args if _how(o) and not overrides.key(o).startswith(
+            ("hydra.sweep.dir", "hydra.run.dir", "tune."))]
         self.start = [o for o in args if not _how(o)]
-        self.limits = [o for o in args if _key(o).startswith("tune.")]  # the loop's own bounds (tune.*), not an arm's
+        self.limits = [o for o in args if overrides.key(o).startswith("tune.")]  # the loop's own bounds, not an arm's
         self.cfg = self._check(self.start)
         self.tcfg = self.cfg.tune
         self.dir = self._directory()
-        if self.cfg.logger.name == "wandb" and not any(_key(o) == "logger.group" for o in self.how):
+        if self.cfg.logger.name == "wandb" and not any(overrides.key(o) == "logger.group" for o in self.how):
             self.how.append(f"logger.group=tune-{'-'.join(self.dir.resolve().parts[-2:])}")  # one W&B group a tune
         self.lock = directories.hold(self.dir, LOCK, "hydra.sweep.dir", what="tune")
         self.journal = self._journal()
@@ -110,20 +97,31 @@ class Tune:
         from moe_hydra.planning import plan
 
         try:
-            violations = plan.run_violations(resolve(cfg))
+            r = resolve(cfg)
+            violations = plan.run_violations(r)
         except LayoutError as e:
             violations = e.violations
+        if not violations and cfg.launcher.name == "local":  # the runs are this machine's: its checks (H01..)
+            from moe_hydra.launch import local
+
+            violations = local.machine(r)
         if violations:
             raise Refused("the start is refused before the loop begins:\n"
                           + "\n".join(str(v) for v in violations) + "\nNothing was run.")
         return cfg
 
+    @property
+    def measured(self) -> list[str]:
+        """The run-how overrides with the steady window of the loop's short runs (tune.window)."""
+        first, last = self.tcfg.window
+        return [*self.how, f"contract.warmup_steps={first - 1}", f"contract.window=[{first},{last}]"]
+
     def how_values(self) -> list[str]:
         """The run-how overrides that compose (not Hydra's own)."""
-        return [o for o in self.how if not _key(o).startswith("hydra")]
+        return [o for o in self.how if not overrides.key(o).startswith("hydra")]
 
     def _directory(self) -> Path:
-        given = [o.split("=", 1)[1] for o in self.args if _key(o) == "hydra.sweep.dir"]
+        given = [o.split("=", 1)[1] for o in self.args if overrides.key(o) == "hydra.sweep.dir"]
         if given:
             return Path(given[-1])
         import datetime
@@ -145,7 +143,8 @@ class Tune:
             raise Refused(f"{path}: not JSON ({e}); move it away to start a new tune there") from None
         if journal.get("start", {}).get("overrides") != self.start:
             self.lock.close()
-            raise Refused(f"{self.dir} holds another tune (started from {' '.join(journal.get('start', {}).get('overrides') or [])!r}); "
+            other = " ".join(journal.get("start", {}).get("overrides") or [])
+            raise Refused(f"{self.dir} holds another tune (started from {other!r}); "
                           "start this one in a directory of its own: hydra.sweep.dir=<dir> (that tune's own command "
                           "resumes it)")
         journal["status"] = "running"
@@ -178,13 +177,6 @@ class Tune:
         self.console.print(f"  running {e.name}: {experiments.shell(e.command)}", markup=False, highlight=False,
                            style="dim")
 
-    @staticmethod
-    def _out(e: experiments.Experiment) -> experiments.Experiment:
-        """``e``, unless it is queued on Slurm (detached): then the tune returns, and the same command goes on."""
-        if e.status == "queued":
-            raise _Queued(e)
-        return e
-
     def _wait(self, proc: Any, e: experiments.Experiment) -> int:
         """Wait for ``e``'s process under a live line (on a terminal): the stage, the experiment and its time, the
         A/Bs so far and the budget."""
@@ -214,7 +206,8 @@ class Tune:
         except Exception as e:  # noqa: BLE001 - an override that does not compose: the candidate is refused
             return {"violations": [f"does not compose: {str(e).splitlines()[0]}"]}
         return {"violations": [str(v) for v in violations], "cfg": cfg,
-                "memory": p and {k: p["memory"].get(k) for k in ("total", "capacity", "margin")}, "fits": p and p["fits"],
+                "memory": p and {k: p["memory"].get(k) for k in ("total", "capacity", "margin")},
+                "fits": p and p["fits"],
                 "label": p and p["label"]}
 
     def contract(self) -> None:
@@ -228,7 +221,8 @@ class Tune:
                    "recompute", "offload", "dispatcher", "overlap.*", "kernels.*"] + \
             [f"{a} (tune.allow)" for a in self.tcfg.allow]
         self._record("contract", frozen=frozen, tunable=tunable, allow=list(self.tcfg.allow), label=p.get("label"),
-                     window=list(self.tcfg.window), summary=f"frozen {', '.join(f'{k}={v}' for k, v in frozen.items())}; "
+                     window=list(self.tcfg.window),
+                     summary=f"frozen {', '.join(f'{k}={v}' for k, v in frozen.items())}; "
                      f"label {p.get('label')}" + (" (benchmark-only: every figure here is a benchmark's)"
                                                    if p.get("label") == "benchmark-only" else ""))
 
@@ -247,8 +241,8 @@ class Tune:
             first = next((s for s in steps if s["fits"]), None)
             if first is None:
                 raise Refused("the start does not fit and no memory step of the plan makes it fit; more GPUs")
-            arm, chosen = merge(arm, first["overrides"]), " ".join(first["overrides"])
-        e = self._out(self.driver.run("fit", [*arm, *self.how, "stage=fit"]))
+            arm, chosen = overrides.merge(arm, first["overrides"]), " ".join(first["overrides"])
+        e = experiments.ready(self.driver.run("fit", [*arm, *self.how, "stage=fit"]))
         fit_json = io.read_json(experiments.job_dir(e) / "fit.json") or {}
         self._record("fit", arm=arm, memory=p.get("memory"), fits=p.get("fits"), chosen=chosen, experiment=e.name,
                      built=e.status, fit=fit_json.get("agrees") if isinstance(fit_json, dict) else None,
@@ -268,14 +262,15 @@ class Tune:
         tied = [c for c in ranked if c.get("tied")]
         self._record("scale", experiment=e.name, candidates=(report.get("counts") or {}).get("candidates"),
                      ranked=len(ranked), tie_set=[c["layout"] for c in tied], tie_width=report.get("tie_width"),
-                     summary=f"{len(ranked)} layout{'s' * (len(ranked) != 1)} ranked, {len(tied)} tied with the best within "
+                     summary=f"{len(ranked)} layout{'s' * (len(ranked) != 1)} ranked, {len(tied)} tied with the best "
+                             f"within "
                              f"x{report.get('tie_width') or 0:.2f}: the screen measures them")
         screening = report.get("screening") or {}
         arms = screening.get("arms") or []
         best = next((a for a in arms if a.get("measured_rank") == 1), None)
         if best is None:
             if e.status == "queued":
-                raise _Queued(e)
+                raise experiments.Queued(e)
             raise Failed(f"the screening measured no layout ({e.dir}: {e.error or 'no screening in layouts.json'})")
         new, own, decided = self._layout_evidence(arm, best, arms)
         self._record("screen", arm=new, experiment=e.name, arms=[
@@ -292,7 +287,7 @@ class Tune:
         from moe_hydra.core.resolved import resolve
 
         own = resolve(self._plan(arm)["cfg"]).layout.describe()
-        picked = merge(without_layout(arm), best["overrides"])
+        picked = overrides.merge(without_layout(arm), best["overrides"])
         ms = f"{best.get('step_ms', float('nan')):.1f} ms/step"
         if best["layout"] == own:
             return arm, own, {"layout": own, "why": f"the start's layout {own} is the screen's pick ({ms})"}
@@ -303,7 +298,7 @@ class Tune:
                                   f"is tied with the screen's pick {best['layout']} ({ms}) within the noise: kept"}
             return picked, own, {"layout": best["layout"], "why": f"{best['layout']} ({ms}) measured faster than "
                                  f"the start's layout {own} ({mine['step_ms']:.1f} ms/step)"}
-        v = self._out(self.driver.ab("layout", arm, picked, self.how, self.tcfg.max_repeats)).result
+        v = experiments.ready(self.driver.ab("layout", arm, picked, self.measured, self.tcfg.max_repeats)).result
         verdict = v.get("verdict")
         if verdict == "faster":
             return picked, own, {"layout": best["layout"], "verdict": verdict, "why": f"{best['layout']} faster than "
@@ -312,10 +307,8 @@ class Tune:
                           f"{verdict} against the start's layout {own} in an A/B: kept"}
 
     def profile(self, arm: list[str], n: int) -> dict[str, Any]:
-        first, last = self.tcfg.window
-        e = self.driver.run(f"profile-{n:02d}", [*arm, *self.how, "profile=window",
-                                                  f"contract.warmup_steps={first - 1}", f"contract.window=[{first},{last}]"])
-        e = self._out(e)
+        e = self.driver.run(f"profile-{n:02d}", [*arm, *self.measured, "profile=window"])
+        e = experiments.ready(e)
         prof = io.read_json(experiments.job_dir(e) / "profile.json")
         plan_json = io.read_json(experiments.job_dir(e) / "plan.json") or {}
         mem = plan_json.get("memory") or {}
@@ -339,7 +332,7 @@ class Tune:
             inc_cfg = self._plan(arm).get("cfg") or self.cfg
             for wall in walls:
                 for cand, change in retune.candidates(inc_cfg, wall, self.tcfg.allow):
-                    new = merge(arm, change)
+                    new = overrides.merge(arm, change)
                     key = tuple(sorted(new))
                     if key in tried:
                         continue
@@ -353,12 +346,13 @@ class Tune:
                     if n >= self.tcfg.max_trials or self.driver.gpu_hours >= self.tcfg.budget_gpu_hours:
                         break
                     n += 1
-                    e = self.driver.ab(f"retune-{n:02d}", arm, new, self.how, self.tcfg.max_repeats)
-                    v = self._out(e).result
+                    e = self.driver.ab(f"retune-{n:02d}", arm, new, self.measured, self.tcfg.max_repeats)
+                    v = experiments.ready(e).result
                     trials.append({**trial, "experiment": e.name, "status": e.status, "verdict": v.get("verdict"),
                                    "rel_step_time": v.get("rel_step_time"), "interval": v.get("interval"),
                                    "runs": v.get("runs"), "step_time_ms": v.get("step_time_ms"),
-                                   "outcome": "accepted" if v.get("verdict") == "faster" else "rejected"})
+                                   "outcome": "accepted" if v.get("verdict") == "faster" else
+                                   f"dropped: {e.status} ({e.error})" if e.status != "done" else "rejected"})
                     self.say(f"retune {n}: {cand.name} ({' '.join(change)}) for {wall}: {v.get('verdict')}"
                              + (f" {v['rel_step_time']:+.1%}" if v.get("rel_step_time") is not None else ""))
                     if v.get("verdict") == "faster":
@@ -381,7 +375,8 @@ class Tune:
 
     def validate(self, winner: list[str]) -> dict[str, Any]:
         steps = self.tcfg.validate_steps
-        e = self._out(self.driver.run("validate", [*winner, *self.how, f"contract.window=[{steps - 9},{steps}]"]))
+        window = f"contract.window=[{steps - 9},{steps}]"
+        e = experiments.ready(self.driver.run("validate", [*winner, *self.how, window]))
         accepted, reasons = False, []
         if e.status == "done":
             from moe_hydra.analysis import acceptance, baseline
@@ -392,12 +387,13 @@ class Tune:
             accepted = not reasons and bool(loaded.runs)
             if loaded.runs:  # golden values for moe-hydra regress, accepted or benchmark-only (labelled)
                 run = loaded.runs[0]
-                baseline.save(baseline.make(run.path, run.results, run.window_steps), self.dir / "best" / "baseline.json")
+                baseline.save(baseline.make(run.path, run.results, run.window_steps),
+                              self.dir / "best" / "baseline.json")
         verdict = None
         if winner != self.start:  # the headline verdict: up to compare.max_repeats runs an arm, not a trial's few
-            v = self.driver.ab("verdict", self.start, winner, self.how,
+            v = self.driver.ab("verdict", self.start, winner, self.measured,
                                max(self.cfg.compare.max_repeats, self.tcfg.max_repeats))
-            verdict = self._out(v).result
+            verdict = experiments.ready(v).result
         return {"experiment": e.name, "status": e.status, "accepted": accepted, "refusals": reasons,
                 "step_time_ms": e.result.get("step_time_ms"), "window": e.result.get("window_measured"),
                 "against_start": verdict}
@@ -436,7 +432,7 @@ class Tune:
             written = self.export(experiments.job_dir(self.driver.get("validate")), arm)
             self._record("export", files=written, summary=", ".join(Path(w).name for w in written))
             self._finish(arm, v, profiles)
-        except _Queued as q:
+        except experiments.Queued as q:
             self.journal["status"] = "queued"
             self.save()
             self.say(f"{q.experiment.name} is queued on Slurm; once it has run (python -m moe_hydra.sweep wait "
@@ -464,14 +460,6 @@ class Tune:
         tune_report.write(self.journal, self.dir)
         self.say(f"done: {start_ms:.1f} -> {winner_ms:.1f} ms/step ({self.journal['winner']['verdict']}); "
                  f"{self.dir / 'tune.md'}" if start_ms and winner_ms else f"done: {self.dir / 'tune.md'}")
-
-
-class _Queued(Exception):
-    """An experiment queued on Slurm (detached): the tune returns, and the same command continues it."""
-
-    def __init__(self, experiment: experiments.Experiment):
-        super().__init__(experiment.name)
-        self.experiment = experiment
 
 
 def stage_of(experiment: str) -> str:

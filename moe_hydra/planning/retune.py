@@ -156,6 +156,15 @@ def candidates(cfg: Any, wall: str, allow: list[str] | tuple[str, ...] = ()) -> 
     return out
 
 
+def wall_ms(profile: dict[str, Any]) -> dict[str, float]:
+    """Each wall's ms a step on the slowest rank of a profiled step (profile.json), and the step's (``wall``)."""
+    slowest = (profile.get("summary") or profile).get("slowest_rank") or {}
+    out = {w: 0.0 for w in WALLS}
+    for part, wall in WALL_PARTS.items():
+        out[wall] += float(slowest.get(part) or 0.0)
+    return {**{w: round(ms, 3) for w, ms in out.items()}, "wall": round(float(slowest.get("wall_ms") or 0.0), 3)}
+
+
 def walls_of(profile: dict[str, Any], fits_margin: float | None = None) -> dict[str, float]:
     """Each wall's share of the slowest rank's profiled step (profile.json), largest first. ``fits_margin``: the
     plan's memory margin as a share of the device (memory.margin / capacity); under 10 % makes memory the wall."""

@@ -128,6 +128,19 @@ def cases() -> list[Case]:
                     inner="site/default.yaml") for k in (BINARY, LATIN1, TRUNCATED))
     out.extend(Case("run", "hydra.run.dir", k, "dir", lambda p, root: ["stage=plan", f"hydra.run.dir={p}"])
                for k in (FILE, UNREADABLE))
+    start = ["hardware.devices_per_node=1", "logger=none"]
+    out.extend(Case("tune", "hydra.sweep.dir", k, "dir", lambda p, root: [*start, f"hydra.sweep.dir={p}"])
+               for k in (FILE, UNREADABLE))
+    out.extend(Case("tune", "hydra.sweep.dir (its tune.json)", k, "tune", lambda p, root: [
+        *start, f"hydra.sweep.dir={p}"], inner="tune.json") for k in INNER_KINDS)
+    sides = ["--good", "train.micro_batch_size=1", "--bad", "train.micro_batch_size=2"]
+    out.extend(Case("bisect", "GOOD BAD", k, "dir", lambda p, root: [str(p), str(p)]) for k in DIR_KINDS)
+    out.extend(Case("bisect", "GOOD BAD (its .hydra/overrides.yaml)", k, "run", lambda p, root: [str(p), str(p)],
+                    inner=".hydra/overrides.yaml") for k in INNER_KINDS)
+    out.extend(Case("bisect", "--out", k, "out", lambda p, root: [*sides, "--out", str(p), *start])
+               for k in (FILE, UNREADABLE))
+    out.extend(Case("bisect", "--out (its bisect.json)", k, "bi", lambda p, root: [*sides, "--out", str(p), *start],
+                    inner="bisect.json") for k in INNER_KINDS)
     return out
 
 
@@ -149,6 +162,8 @@ def _spoil(case: Case, root: Path) -> tuple[Path, Path]:
         else:
             make(sweep / "sweep.json", case.kind)
         return sweep / "sweep.json", sweep / "sweep.json"
+    if case.inner:  # a file in the directory the command is given (a journal, a run's overrides)
+        return root / case.name, make(root / case.name / case.inner, case.kind)
     bad = make(root / case.name, case.kind)
     return bad, bad
 

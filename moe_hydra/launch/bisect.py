@@ -226,10 +226,14 @@ class Bisect:
 
     # ------------------------------------------------------------------ the search
 
-    def _ab(self, name: str, arm: list[str]) -> dict[str, Any]:
+    @property
+    def measured(self) -> list[str]:
+        """The overrides both arms take, with the steady window of the bisect's runs (bisect.window)."""
         first, last = self.bcfg.window
-        window = [f"contract.warmup_steps={first - 1}", f"contract.window=[{first},{last}]"]
-        e = experiments.ready(self.driver.ab(name, self.good, arm, [*self.how, *window], self.bcfg.max_repeats))
+        return [*self.how, f"contract.warmup_steps={first - 1}", f"contract.window=[{first},{last}]"]
+
+    def _ab(self, name: str, arm: list[str]) -> dict[str, Any]:
+        e = experiments.ready(self.driver.ab(name, self.good, arm, self.measured, self.bcfg.max_repeats))
         return {"experiment": e.name, "status": e.status, **{k: e.result.get(k) for k in (
             "verdict", "rel_step_time", "interval", "interval_is", "runs", "step_time_ms")}}
 
@@ -302,11 +306,9 @@ class Bisect:
 
     def _walls(self, culprit_arm: list[str]) -> dict[str, Any]:
         """Good and the culprit profiled (profile=window): each wall's ms a step on the slowest rank, and the move."""
-        first, last = self.bcfg.window
-        args = ["profile=window", f"contract.warmup_steps={first - 1}", f"contract.window=[{first},{last}]"]
         out: dict[str, Any] = {}
         for side, arm in (("good", self.good), ("culprit", culprit_arm)):
-            e = experiments.ready(self.driver.run(f"profile-{side}", [*arm, *self.how, *args]))
+            e = experiments.ready(self.driver.run(f"profile-{side}", [*arm, *self.measured, "profile=window"]))
             prof = io.read_json(experiments.job_dir(e) / "profile.json")
             out[side] = retune.wall_ms(prof) if isinstance(prof, dict) else {}
         out["moved"] = {w: round(out["culprit"].get(w, 0.0) - out["good"].get(w, 0.0), 3)

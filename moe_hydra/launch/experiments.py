@@ -2,7 +2,8 @@
 the loop's, as a person would type it — so every experiment is a run or sweep the other commands read (compare,
 sweep status, export), launched through the configured launcher (local processes, or Slurm attached or detached).
 
-- :meth:`Driver.run`: one run (``hydra.run.dir``), or a planning sweep;
+- :meth:`Driver.run`: one run, as a sweep of one point (so that it goes through the launcher: on Slurm, to the
+  cluster; its files in ``<dir>/0``, :func:`job_dir`), or a sweep (the layout search);
 - :meth:`Driver.ab`: a sequential A/B of two override sets (``repeat=auto``: the group-sequential test of
   :mod:`moe_hydra.launch.sequential`), the arms written as ``experiment`` options so that any two sets of
   overrides, not only one key's values, are one sweep; its ``sequential.json`` is the verdict.

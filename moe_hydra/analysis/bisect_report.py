@@ -7,28 +7,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from moe_hydra.analysis.report import change, change_interval
 from moe_hydra.core import io
-
-
-def _pct(x: Any) -> str:
-    return f"{x:+.1%}" if isinstance(x, (int, float)) else "n/a"
-
-
-def _interval(iv: Any) -> str:
-    return f"[{_pct(iv[0])}, {_pct(iv[1])}]" if isinstance(iv, list) and len(iv) == 2 else ""
 
 
 def answer(j: dict[str, Any]) -> str:
     """The one line a person reads first."""
     rep = j.get("reproduce") or {}
     if j.get("status") == "not_reproduced":
-        return (f"not reproduced: bad against good is {rep.get('verdict')} {_pct(rep.get('rel_step_time'))} "
-                f"{_interval(rep.get('interval'))}: the noise, or a difference no config switches, explains it")
+        return (f"not reproduced: bad against good is {rep.get('verdict')} {change(rep.get('rel_step_time'))} "
+                f"{change_interval(rep.get('interval'))}: the noise, or a difference no config switches, explains it")
     culprit = " + ".join(" ".join(u["overrides"]) for u in j.get("culprit") or [])
     share = j.get("share") or {}
     kind = "together (an interaction)" if j.get("interaction") else "alone"
-    line = (f"`{culprit}` {kind} explains {_pct(share.get('rel_step_time'))} {_interval(share.get('interval'))} of "
-            f"the {_pct(share.get('regression'))} regression")
+    line = (f"`{culprit}` {kind} explains {change(share.get('rel_step_time'))} "
+            f"{change_interval(share.get('interval'))} of the {change(share.get('regression'))} regression")
     moved = (j.get("walls") or {}).get("moved") or {}
     if moved:
         ranked = sorted(moved.items(), key=lambda kv: -abs(kv[1]))
@@ -51,15 +44,15 @@ def markdown(j: dict[str, Any]) -> str:
         lines += ["", "Not switchable by a config (reported, not bisected):", ""]
         lines += [f"- {d['what']}: {d['good']} → {d['bad']}" for d in diff["unswitchable"]]
     rep = j.get("reproduce") or {}
-    lines += ["", "## Reproduce", "", f"Bad against good: **{rep.get('verdict')}** {_pct(rep.get('rel_step_time'))} "
-              f"{_interval(rep.get('interval'))} ({rep.get('interval_is') or 'sequential'} interval; runs "
+    lines += ["", "## Reproduce", "", f"Bad against good: **{rep.get('verdict')}** {change(rep.get('rel_step_time'))} "
+              f"{change_interval(rep.get('interval'))} ({rep.get('interval_is') or 'sequential'} interval; runs "
               f"{rep.get('runs')}).", ""]
     if j.get("trials"):
         lines += ["## Trials (delta debugging)", "", "| # | units applied to good | verdict | step time | interval | "
                   "outcome |", "|---|---|---|---|---|---|"]
         for i, t in enumerate(j["trials"], 1):
-            lines.append(f"| {i} | {', '.join(t['units'])} | {t.get('verdict') or ''} | {_pct(t.get('rel_step_time'))}"
-                         f" | {_interval(t.get('interval'))} | {t['outcome']}"
+            lines.append(f"| {i} | {', '.join(t['units'])} | {t.get('verdict') or ''} | "
+                         f"{change(t.get('rel_step_time'))} | {change_interval(t.get('interval'))} | {t['outcome']}"
                          + (f": {'; '.join(t['reasons'])[:200]}" if t.get("reasons") else "") + " |")
         lines.append("")
     walls = j.get("walls") or {}

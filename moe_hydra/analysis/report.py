@@ -30,6 +30,16 @@ def pct(x: float) -> str:
     return f"{x:+.2%}" if math.isfinite(x) else str(x)
 
 
+def change(x: Any) -> str:
+    """A relative change as the loops' reports print it ("-12.3%"), "n/a" when there is none."""
+    return f"{x:+.1%}" if isinstance(x, (int, float)) else "n/a"
+
+
+def change_interval(iv: Any) -> str:
+    """An interval of a relative change ("[-20.1%, -4.5%]"), "" when there is none."""
+    return f"[{change(iv[0])}, {change(iv[1])}]" if isinstance(iv, (list, tuple)) and len(iv) == 2 else ""
+
+
 def verdict_text(e: Any) -> str:
     """The verdict as shown: "equivalent within +-5.00% (90% CI [..])" names its margin and the interval its test
     read; "undecided" says what it was called before equivalence existed (no significant difference), which readers

@@ -8,15 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from moe_hydra.analysis.report import change, change_interval
 from moe_hydra.core import io
-
-
-def _pct(x: Any) -> str:
-    return f"{x:+.1%}" if isinstance(x, (int, float)) else "n/a"
-
-
-def _interval(iv: Any) -> str:
-    return f"[{_pct(iv[0])}, {_pct(iv[1])}]" if isinstance(iv, list) and len(iv) == 2 else ""
 
 
 def _bar(x: float) -> float:
@@ -31,8 +24,8 @@ def markdown(j: dict[str, Any]) -> str:
              f"{start.get('step_time_ms') or float('nan'):.1f} ms/step.  ",
              f"**Winner** `{' '.join(winner.get('overrides') or [])}`: "
              f"{winner.get('step_time_ms') or float('nan'):.1f} "
-             f"ms/step, {winner.get('verdict')} against the start {_pct(winner.get('rel_step_time'))} "
-             f"{_interval(winner.get('interval'))} ({winner.get('interval_is') or 'sequential A/B'} interval); "
+             f"ms/step, {winner.get('verdict')} against the start {change(winner.get('rel_step_time'))} "
+             f"{change_interval(winner.get('interval'))} ({winner.get('interval_is') or 'sequential A/B'} interval); "
              f"{'validated' if winner.get('validated') else 'not accepted by the gate (see validate)'}.  ",
              f"Spent {j.get('gpu_hours', 0):.3f} of {j.get('budget_gpu_hours')} GPU-hours ("
              + ", ".join(f"{k} {v:.3f}" for k, v in (j.get("gpu_hours_by_stage") or {}).items()) + ").", ""]
@@ -60,7 +53,7 @@ def markdown(j: dict[str, Any]) -> str:
         for t in r.get("trials") or []:
             lines.append(f"| {t.get('n')} | {t.get('wall')} | {t.get('candidate')} | "
                          f"`{' '.join(t.get('change') or [])}` | {t.get('verdict') or ''} | "
-                         f"{_pct(t.get('rel_step_time'))} | {_interval(t.get('interval'))} "
+                         f"{change(t.get('rel_step_time'))} | {change_interval(t.get('interval'))} "
                          f"| {t.get('outcome')}"
                          + (f": {'; '.join(t.get('reasons'))[:200]}" if t.get("reasons") else "") + " |")
         lines += ["", "Walls of each profile (share of the slowest rank's step):", ""]

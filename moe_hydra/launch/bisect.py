@@ -23,6 +23,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from moe_hydra.analysis.report import change_interval
 from moe_hydra.core import io, overrides
 from moe_hydra.core.errors import Refused
 from moe_hydra.launch import compose, directories, experiments
@@ -31,14 +32,8 @@ from moe_hydra.planning import ddmin, retune
 BISECT_FILE = "bisect.json"
 BISECT_VERSION = 1
 LOCK = ".bisect.lock"
-# Overrides that say how the runs are measured and launched, not what runs: both arms take them as they are
-RUN_HOW = ("launcher", "logger", "hydra", "compare", "contract", "tune", "bisect", "stage", "repeat", "profile")
 # env.json fields a config cannot switch: a difference is reported beside the culprit
 UNSWITCHABLE = ("versions", "platform", "cpu", "runtime")
-
-
-def _how(o: str) -> bool:
-    return overrides.key(o).split(".")[0].split("/")[0] in RUN_HOW
 
 
 @dataclass
@@ -132,11 +127,12 @@ class Bisect:
 
     def __init__(self, good: list[str], bad: list[str], common: list[str], out: Path | None,
                  envs: tuple[dict[str, Any], dict[str, Any]] = ({}, {})):
-        self.how = [o for o in [*good, *common] if _how(o) and not overrides.key(o).startswith(
+        self.how = [o for o in [*good, *common] if experiments.is_how(o) and not overrides.key(o).startswith(
             ("hydra.sweep.dir", "hydra.run.dir", "hydra.job", "bisect."))]
         self.limits = [o for o in common if overrides.key(o).startswith("bisect.")]
-        self.good = [o for o in [*good, *(c for c in common if not _how(c))] if not _how(o)]
-        bad_side = [o for o in [*bad, *(c for c in common if not _how(c))] if not _how(o)]
+        both = [c for c in common if not experiments.is_how(c)]
+        self.good = [o for o in [*good, *both] if not experiments.is_how(o)]
+        bad_side = [o for o in [*bad, *both] if not experiments.is_how(o)]
         self.units = units_between(self.good, bad_side)
         if not self.units:
             raise Refused("the good and the bad side set the same configuration: nothing to bisect"
@@ -171,24 +167,8 @@ class Bisect:
         return cfg
 
     def plan(self, arm: list[str]) -> dict[str, Any]:
-        """``arm``'s composed config and what stops it from running (empty when nothing does)."""
-        from moe_hydra.core.resolved import resolve
-        from moe_hydra.core.violations import LayoutError
-        from moe_hydra.planning import plan
-
-        try:
-            cfg = compose.compose_typed([*arm, *(o for o in self.how if not o.startswith("hydra")), *self.limits])
-            r = resolve(cfg)
-            violations = [str(v) for v in plan.run_violations(r)]
-            if not violations and cfg.launcher.name == "local":  # the runs are this machine's: its checks (H01..)
-                from moe_hydra.launch import local
-
-                violations = [str(v) for v in local.machine(r)]
-        except LayoutError as e:
-            return {"violations": [str(v) for v in e.violations]}
-        except Exception as e:  # noqa: BLE001 - an override that does not compose
-            return {"violations": [f"does not compose: {str(e).splitlines()[0]}"]}
-        return {"violations": violations, "cfg": cfg}
+        """``arm``'s composed config and what stops it from running here (empty when nothing does)."""
+        return experiments.plan_arm([*arm, *self.how, *self.limits])
 
     def arm(self, subset: Any) -> list[str]:
         """Good with the units of ``subset`` (indices) applied."""
@@ -201,20 +181,9 @@ class Bisect:
                  "bad": {"overrides": self.arm(range(len(self.units)))}, "common": self.how,
                  "difference": {"units": [asdict(u) for u in self.units], "unswitchable": unswitchable(*envs)},
                  "trials": [], "culprit": [], "experiments": {}}
-        if not path.exists():
-            return fresh
-        try:
-            journal = json.loads(io.read_named(path, "the bisect journal"))
-        except ValueError as e:
-            self.lock.close()
-            raise Refused(f"{path}: not JSON ({e}); move it away to start a new bisect there") from None
-        if journal.get("good") != fresh["good"] or journal.get("bad") != fresh["bad"]:
-            self.lock.close()
-            other = " ".join(journal.get("good", {}).get("overrides") or [])
-            raise Refused(f"{self.dir} holds another bisect (good {other!r}); "
-                          "start this one in a directory of its own: --out DIR (that bisect's own command resumes it)")
-        journal["status"] = "running"
-        return journal
+        return experiments.open_journal(
+            path, fresh, lambda j: None if j.get("good") == fresh["good"] and j.get("bad") == fresh["bad"] else
+            f"good {' '.join((j.get('good') or {}).get('overrides') or [])!r}", "bisect", "--out DIR", self.lock)
 
     def save(self) -> None:
         self.journal["gpu_hours"] = round(sum(e.get("gpu_hours") or 0.0
@@ -229,8 +198,7 @@ class Bisect:
     @property
     def measured(self) -> list[str]:
         """The overrides both arms take, with the steady window of the bisect's runs (bisect.window)."""
-        first, last = self.bcfg.window
-        return [*self.how, f"contract.warmup_steps={first - 1}", f"contract.window=[{first},{last}]"]
+        return experiments.with_window(self.how, list(self.bcfg.window))
 
     def _ab(self, name: str, arm: list[str]) -> dict[str, Any]:
         e = experiments.ready(self.driver.ab(name, self.good, arm, self.measured, self.bcfg.max_repeats))
@@ -268,7 +236,7 @@ class Bisect:
             reproduce = self._ab("reproduce", self.arm(every))
             self.journal["reproduce"] = reproduce
             self.say(f"reproduce: bad against good: {reproduce['verdict']}"
-                     + (f" {reproduce['rel_step_time']:+.1%} {_interval(reproduce.get('interval'))}"
+                     + (f" {reproduce['rel_step_time']:+.1%} {change_interval(reproduce.get('interval'))}"
                         if reproduce.get("rel_step_time") is not None else ""))
             if reproduce["verdict"] != "slower":
                 self.journal["status"] = "not_reproduced"
@@ -321,7 +289,3 @@ class Bisect:
         self.save()
         bisect_report.write(self.journal, self.dir)
         self.say(bisect_report.answer(self.journal) + f"  ({self.dir / 'bisect.md'})")
-
-
-def _interval(iv: Any) -> str:
-    return f"[{iv[0]:+.1%}, {iv[1]:+.1%}]" if isinstance(iv, list) and len(iv) == 2 and None not in iv else ""

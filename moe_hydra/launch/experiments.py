@@ -30,12 +30,76 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from moe_hydra.core import io, overrides
-from moe_hydra.core.errors import Terminated
+from moe_hydra.core.errors import Refused, Terminated
 from moe_hydra.core.schema import conf_dir
-from moe_hydra.launch import ledger
+from moe_hydra.launch import compose, ledger
 from moe_hydra.launch.outcome import DONE_STATES, complete_results
 
 ENDED = ("done", "failed", "refused")  # an experiment in one of these states is never run again
+# Overrides that say how a loop's experiments run, not what they run: every experiment takes them as they are
+RUN_HOW = ("launcher", "logger", "hydra", "compare", "contract", "tune", "bisect", "stage", "repeat", "profile")
+
+
+def is_how(o: str) -> bool:
+    """Whether the override ``o`` says how the experiments run (launcher, logger, contract...), not what."""
+    return overrides.key(o).split(".")[0].split("/")[0] in RUN_HOW
+
+
+def with_window(how: list[str], window: list[int]) -> list[str]:
+    """The run-how overrides with the steady window [first, last] of a loop's short runs (warmup: the steps before)."""
+    first, last = window
+    return [*how, f"contract.warmup_steps={first - 1}", f"contract.window=[{first},{last}]"]
+
+
+def plan_arm(arm: list[str]) -> dict[str, Any]:
+    """An arm as a loop would launch it (its overrides with the run-how ones; Hydra's own are left out), planned in
+    this process: ``violations`` (the rules', and for the local launcher this machine's checks H01..; empty when it
+    can run), ``cfg`` (the composed config, when it composes) and ``resolved`` (when it resolves)."""
+    from moe_hydra.core.resolved import resolve
+    from moe_hydra.core.violations import LayoutError
+    from moe_hydra.planning import plan
+
+    try:
+        cfg = compose.compose_typed([o for o in arm if not overrides.key(o).startswith("hydra")])
+    except Exception as e:  # noqa: BLE001 - Hydra's and omegaconf's composition errors: the arm is refused
+        return {"violations": [f"does not compose: {str(e).splitlines()[0]}"]}
+    try:
+        r = resolve(cfg)
+        violations = plan.run_violations(r)
+    except LayoutError as e:
+        return {"violations": [str(v) for v in e.violations], "cfg": cfg}
+    if not violations and cfg.launcher.name == "local":  # the runs are this machine's: its checks (H01..)
+        from moe_hydra.launch import local
+
+        violations = local.machine(r)
+    return {"violations": [str(v) for v in violations], "cfg": cfg, "resolved": r}
+
+
+def open_journal(path: Path, fresh: dict[str, Any], other: Callable[[dict[str, Any]], str | None], what: str,
+                 option: str, lock: Any) -> dict[str, Any]:
+    """A loop's journal: ``fresh`` when ``path`` does not exist, else the one there (its status running again).
+    ``other``: None when the journal there is this loop's, else what it is ("started from ...").
+
+    Raises:
+        Refused: it is not a JSON object, or it is another loop's; ``lock`` (the directory's) is released first, so
+            that a refusal leaves the directory as it was.
+    """
+    if not path.exists():
+        return fresh
+    try:
+        journal = json.loads(io.read_named(path, f"the {what} journal"))
+        if not isinstance(journal, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as e:
+        lock.close()
+        raise Refused(f"{path}: not a {what} journal ({e}); move it away to start a new {what} there") from None
+    said = other(journal)
+    if said is not None:
+        lock.close()
+        raise Refused(f"{path.parent} holds another {what} ({said}); start this one in a directory of its own: "
+                      f"{option} (that {what}'s own command resumes it)")
+    journal["status"] = "running"
+    return journal
 
 
 class Queued(Exception):

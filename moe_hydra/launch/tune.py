@@ -25,6 +25,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from moe_hydra.analysis.report import change
 from moe_hydra.core import io, overrides
 from moe_hydra.core.errors import Failed, Refused
 from moe_hydra.core.schema import TUNE_ALLOW, Stage
@@ -35,14 +36,8 @@ TUNE_FILE = "tune.json"
 TUNE_VERSION = 1
 LOCK = ".tune.lock"
 STAGES = ("contract", "fit", "scale", "screen", "profile", "retune", "validate", "export")
-# Overrides that say how the loop's experiments run, not what they run: every experiment takes them as they are
-RUN_HOW = ("launcher", "logger", "hydra", "compare", "contract", "tune", "stage", "repeat", "profile")
 # What the layout search chooses (it replaces these in the arms)
 LAYOUT = ("mesh", "attention_mesh", "expert_mesh", "parallel.")
-
-
-def _how(o: str) -> bool:
-    return overrides.key(o).split(".")[0].split("/")[0] in RUN_HOW
 
 
 def without_layout(arm: list[str]) -> list[str]:
@@ -54,9 +49,9 @@ class Tune:
 
     def __init__(self, args: list[str]):
         self.args = list(args)
-        self.how = [o for o in args if _how(o) and not overrides.key(o).startswith(
+        self.how = [o for o in args if experiments.is_how(o) and not overrides.key(o).startswith(
             ("hydra.sweep.dir", "hydra.run.dir", "tune."))]
-        self.start = [o for o in args if not _how(o)]
+        self.start = [o for o in args if not experiments.is_how(o)]
         self.limits = [o for o in args if overrides.key(o).startswith("tune.")]  # the loop's own bounds, not an arm's
         self.cfg = self._check(self.start)
         self.tcfg = self.cfg.tune
@@ -74,11 +69,12 @@ class Tune:
 
     def _check(self, start: list[str]) -> Any:
         """The composed start, refused (exit 2, the override named) when it does not compose, names what tune.allow
-        cannot, or breaks a rule (tune.* out of bounds is S02's); every refusal at once."""
-        try:
-            cfg = compose.compose_typed([*start, *self.how_values(), *self.limits])
-        except Exception as e:  # noqa: BLE001 - Hydra's and omegaconf's composition errors: bad input
-            raise Refused(f"the overrides do not compose: {str(e).splitlines()[0]}") from None
+        cannot, or breaks a rule or this machine's checks (tune.* out of bounds is S02's); every refusal at once."""
+        planned = experiments.plan_arm([*start, *self.how, *self.limits])
+        cfg = planned.get("cfg")
+        if cfg is None:
+            raise Refused(f"the overrides do not compose: {planned['violations'][0].split(': ', 1)[-1]}\n"
+                          "Nothing was run.")
         problems = []
         unknown = sorted(set(cfg.tune.allow) - set(TUNE_ALLOW))
         if unknown:
@@ -90,35 +86,16 @@ class Tune:
                             "tune.window=[4,11]")
         if cfg.stage is not Stage.run:
             problems.append(f"tune measures: it needs stage=run (is stage={cfg.stage.value}); fix: drop stage=")
+        if planned["violations"]:
+            problems.append("the start is refused before the loop begins:\n" + "\n".join(planned["violations"]))
         if problems:
             raise Refused("\n  ".join(problems) + "\nNothing was run.")
-        from moe_hydra.core.resolved import resolve
-        from moe_hydra.core.violations import LayoutError
-        from moe_hydra.planning import plan
-
-        try:
-            r = resolve(cfg)
-            violations = plan.run_violations(r)
-        except LayoutError as e:
-            violations = e.violations
-        if not violations and cfg.launcher.name == "local":  # the runs are this machine's: its checks (H01..)
-            from moe_hydra.launch import local
-
-            violations = local.machine(r)
-        if violations:
-            raise Refused("the start is refused before the loop begins:\n"
-                          + "\n".join(str(v) for v in violations) + "\nNothing was run.")
         return cfg
 
     @property
     def measured(self) -> list[str]:
         """The run-how overrides with the steady window of the loop's short runs (tune.window)."""
-        first, last = self.tcfg.window
-        return [*self.how, f"contract.warmup_steps={first - 1}", f"contract.window=[{first},{last}]"]
-
-    def how_values(self) -> list[str]:
-        """The run-how overrides that compose (not Hydra's own)."""
-        return [o for o in self.how if not overrides.key(o).startswith("hydra")]
+        return experiments.with_window(self.how, list(self.tcfg.window))
 
     def _directory(self) -> Path:
         given = [o.split("=", 1)[1] for o in self.args if overrides.key(o) == "hydra.sweep.dir"]
@@ -131,24 +108,12 @@ class Tune:
                                  "hydra.sweep.dir")
 
     def _journal(self) -> dict[str, Any]:
-        path = self.dir / TUNE_FILE
-        if not path.exists():
-            return {"tune_version": TUNE_VERSION, "status": "running", "args": self.args, "start": {
-                "overrides": self.start}, "stages": [], "experiments": {}}
-        try:
-            import json
-
-            journal = json.loads(io.read_named(path, "the tune journal"))
-        except ValueError as e:
-            raise Refused(f"{path}: not JSON ({e}); move it away to start a new tune there") from None
-        if journal.get("start", {}).get("overrides") != self.start:
-            self.lock.close()
-            other = " ".join(journal.get("start", {}).get("overrides") or [])
-            raise Refused(f"{self.dir} holds another tune (started from {other!r}); "
-                          "start this one in a directory of its own: hydra.sweep.dir=<dir> (that tune's own command "
-                          "resumes it)")
-        journal["status"] = "running"
-        return journal
+        return experiments.open_journal(
+            self.dir / TUNE_FILE, {"tune_version": TUNE_VERSION, "status": "running", "args": self.args,
+                                   "start": {"overrides": self.start}, "stages": [], "experiments": {}},
+            lambda j: None if (j.get("start") or {}).get("overrides") == self.start else
+            f"started from {' '.join((j.get('start') or {}).get('overrides') or [])!r}",
+            "tune", "hydra.sweep.dir=<dir>", self.lock)
 
     def save(self) -> None:
         self.journal["gpu_hours"] = round(self.driver.gpu_hours, 6) if hasattr(self, "driver") else 0.0
@@ -191,24 +156,16 @@ class Tune:
             return proc.wait()
 
     def _plan(self, arm: list[str]) -> dict[str, Any]:
-        """The plan of ``arm`` (in this process): its violations (empty when it plans) and its memory."""
-        from moe_hydra.core.resolved import resolve
-        from moe_hydra.core.violations import LayoutError
+        """The plan of ``arm`` (in this process, :func:`experiments.plan_arm`): its violations (empty when it can
+        run here), its composed and resolved config, and the plan's memory, fit and label."""
         from moe_hydra.planning import plan
 
-        try:
-            cfg = compose.compose_typed([*arm, *self.how_values()])
-            r = resolve(cfg)
-            violations = plan.run_violations(r)
-            p = plan.make_plan(r) if not violations else None
-        except LayoutError as e:
-            return {"violations": [str(v) for v in e.violations]}
-        except Exception as e:  # noqa: BLE001 - an override that does not compose: the candidate is refused
-            return {"violations": [f"does not compose: {str(e).splitlines()[0]}"]}
-        return {"violations": [str(v) for v in violations], "cfg": cfg,
-                "memory": p and {k: p["memory"].get(k) for k in ("total", "capacity", "margin")},
-                "fits": p and p["fits"],
-                "label": p and p["label"]}
+        planned = experiments.plan_arm([*arm, *self.how])
+        if planned["violations"]:
+            return planned
+        p = plan.make_plan(planned["resolved"])
+        return {**planned, "memory": {k: p["memory"].get(k) for k in ("total", "capacity", "margin")},
+                "fits": p["fits"], "label": p["label"]}
 
     def contract(self) -> None:
         if self._stage("contract"):
@@ -234,10 +191,9 @@ class Tune:
         arm = list(self.start)
         chosen = "the start fits"
         if p.get("fits") is False:  # the plan's own next steps, smallest first: selective before full, offload last
-            from moe_hydra.core.resolved import resolve
             from moe_hydra.planning import plan
 
-            steps = plan.memory_verdict(plan.assess(resolve(p["cfg"])), plan.mcore_facts())["memory_suggestions"]
+            steps = plan.memory_verdict(plan.assess(p["resolved"]), plan.mcore_facts())["memory_suggestions"]
             first = next((s for s in steps if s["fits"]), None)
             if first is None:
                 raise Refused("the start does not fit and no memory step of the plan makes it fit; more GPUs")
@@ -284,9 +240,7 @@ class Tune:
                          ) -> tuple[list[str], str, dict[str, Any]]:
         """The screen's pick replaces the start's layout only on evidence: kept when the start's own layout is the
         pick or measured tied with it; when the screen did not measure it, a sequential A/B decides ("faster")."""
-        from moe_hydra.core.resolved import resolve
-
-        own = resolve(self._plan(arm)["cfg"]).layout.describe()
+        own = self._plan(arm)["resolved"].layout.describe()
         picked = overrides.merge(without_layout(arm), best["overrides"])
         ms = f"{best.get('step_ms', float('nan')):.1f} ms/step"
         if best["layout"] == own:
@@ -302,7 +256,7 @@ class Tune:
         verdict = v.get("verdict")
         if verdict == "faster":
             return picked, own, {"layout": best["layout"], "verdict": verdict, "why": f"{best['layout']} faster than "
-                                 f"the start's layout {own} in an A/B ({_pct(v.get('rel_step_time'))})"}
+                                 f"the start's layout {own} in an A/B ({change(v.get('rel_step_time'))})"}
         return arm, own, {"layout": own, "verdict": verdict, "why": f"the screen's pick {best['layout']} is "
                           f"{verdict} against the start's layout {own} in an A/B: kept"}
 
@@ -486,10 +440,6 @@ def progress_line(journal: dict[str, Any], running: str, max_trials: int, budget
     spent = sum(e.get("gpu_hours") or 0.0 for e in journal["experiments"].values())
     return (f"tune {stage_of(running)}: {running} | A/Bs {len(trials)} of at most {max_trials} ({counts}) | "
             f"{spent:.3f} of {budget:g} GPU-h")
-
-
-def _pct(x: Any) -> str:
-    return f"{x:+.1%}" if isinstance(x, (int, float)) else "n/a"
 
 
 def _walls_line(p: dict[str, Any]) -> str:

@@ -35,7 +35,14 @@ def test_the_retune_table_proposes_what_applies_here():
     compute = [c.name for c, _ in retune.candidates(cpu, "compute")]
     assert compute[:2] == ["recompute off", "selective recompute"] and "lower precision (FP8)" not in compute
     host = dict((c.name, o) for c, o in retune.candidates(cpu, "host"))
-    assert host == {"fewer, larger micro-batches": ["train.micro_batch_size=2"]}  # no CUDA graphs on a CPU
+    # the largest micro batch GBS 8 over DP 2 allows first, then twice the start's; no CUDA graphs on a CPU
+    assert host == {"fewest micro-batches": ["train.micro_batch_size=4"],
+                    "fewer, larger micro-batches": ["train.micro_batch_size=2"]}
+    piped = compose.compose_typed([*POOR, "parallel.pipeline_model_parallel_size=2"])  # DP 1: at least 2 in flight
+    assert dict((c.name, o) for c, o in retune.candidates(piped, "host"))["fewest micro-batches"] == [
+        "train.micro_batch_size=4"]
+    assert not retune.candidates(compose.compose_typed([*POOR[:3], "train.micro_batch_size=4",
+                                                        "train.global_batch_size=8"]), "host")
     gpu = compose.compose_typed(["hardware=h100_sxm", "expert_mesh=ep8"])
     assert "lower precision (FP8)" not in [c.name for c, _ in retune.candidates(gpu, "compute")]
     assert "lower precision (FP8)" in [c.name for c, _ in retune.candidates(gpu, "compute", allow=["precision"])]
@@ -82,6 +89,45 @@ def test_a_directory_that_holds_another_tune_is_refused(tmp_path, capsys):
     assert run_command("tune", [*POOR, f"hydra.sweep.dir={d}"]) == 2
     assert "holds another tune" in capsys.readouterr().err
     assert json.loads((d / tune.TUNE_FILE).read_text())["start"]["overrides"] == ["model=qwen3_30b_a3b"]
+
+
+def test_later_ab_tests_pool_the_noise_of_the_ended_ones(tmp_path):
+    """Each A/B starts from the run-to-run noise the loop's ended A/Bs measured (their arms pooled as configs, each
+    scaled to one mean): written once per A/B, none before two degrees of freedom, none over the user's own."""
+    import numpy as np
+
+    from moe_hydra.analysis import noise as noises
+    from tests.test_compare import fake_run
+
+    journal: dict = {"experiments": {}}
+    driver = experiments.Driver(tmp_path, journal, lambda: None, 2)
+    assert driver.pooled_noise("retune-01", []) == []
+    rng = np.random.default_rng(3)
+    for name, (dispatcher, mean) in {"retune-01": ("alltoall", 100.0), "retune-02": ("allgather", 300.0)}.items():
+        for i in range(4):  # a 10 % run-to-run noise at either speed
+            shift = rng.normal(0.0, 0.10)
+            fake_run(tmp_path / name, str(i), list(mean * (1 + shift + rng.normal(0.0, 0.02, 12))),
+                     dispatcher=dispatcher)
+        journal["experiments"][name] = {"name": name, "kind": "ab", "status": "done", "dir": str(tmp_path / name)}
+    journal["experiments"]["profile-01"] = {"name": "profile-01", "kind": "run", "status": "done",
+                                            "dir": str(tmp_path / "nowhere")}
+    pooled = driver.pooled_noise("retune-03", ["logger=none"])
+    path = Path(pooled[0].split("=", 1)[1])
+    assert pooled[0].startswith("compare.noise_file=") and path == tmp_path / "noise" / "retune-03.json"
+    rec = noises.load(path)
+    assert rec["configs"] == 2 and rec["runs"] == 8 and rec["scaled"]
+    alone = [noises.measure([g], [])[1]["run_to_run_noise"] for g in _groups(tmp_path)]
+    assert min(alone) * 0.8 <= rec["run_to_run_noise"] <= max(alone) * 1.2, (alone, rec["run_to_run_noise"])
+    mtime = path.stat().st_mtime_ns
+    assert driver.pooled_noise("retune-03", []) == pooled and path.stat().st_mtime_ns == mtime  # read again
+    assert driver.pooled_noise("retune-04", ["compare.noise_file=/site/noise.json"]) == []
+
+
+def _groups(root: Path) -> list:
+    from moe_hydra.analysis.runs import load
+
+    runs = load([root / "retune-01", root / "retune-02"], lambda m: None).runs
+    return [[r for r in runs if r.path.parent.name == name] for name in ("retune-01", "retune-02")]
 
 
 def test_the_journal_counts_gpu_hours_per_stage_and_the_live_line_reads_it():

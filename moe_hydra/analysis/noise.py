@@ -29,6 +29,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -79,15 +80,23 @@ def _window(run: Any) -> list[float]:
     return list(run.window_steps)
 
 
-def measure(groups: Sequence[Sequence[Any]], dirs: Sequence[Path]) -> tuple[stats.Noise, dict[str, Any]]:
+def measure(groups: Sequence[Sequence[Any]], dirs: Sequence[Path], relative: bool = False
+            ) -> tuple[stats.Noise, dict[str, Any]]:
     """The noise of ``groups`` (configs -> runs, objects with ``window_steps``, ``results`` and ``path``, as
-    :func:`moe_hydra.analysis.runs.load` gives them) and the ``noise.json`` record.
+    :func:`moe_hydra.analysis.runs.load` gives them) and the ``noise.json`` record. ``relative``: configs of
+    different speeds pooled as relative noise (each config's step times scaled to the grand mean, so a slow config's
+    larger absolute spread does not count for more than its share; ``scaled`` in the record says so).
 
     Raises:
         Refused: fewer than two runs of one config, or runs of one step.
     """
+    windows = [[_window(r) for r in g] for g in groups]
+    if relative:
+        means = [statistics.fmean(x for w in g for x in w) for g in windows]
+        grand = statistics.fmean(means)
+        windows = [[[x * grand / m for x in w] for w in g] for g, m in zip(windows, means)]
     try:
-        noise = stats.run_noise([[_window(r) for r in g] for g in groups])
+        noise = stats.run_noise(windows)
     except ValueError as e:
         raise Refused(str(e)) from None
     runs = [r for g in groups for r in g]
@@ -110,7 +119,8 @@ def measure(groups: Sequence[Sequence[Any]], dirs: Sequence[Path]) -> tuple[stat
         "configs": noise.arms,
         "window": list(windows.pop()) if len(windows) == 1 else None,
         "grand_mean_ms": noise.grand_mean,
-        "run_means_ms": [sum(_window(r)) / len(_window(r)) for r in runs],
+        "run_means_ms": [statistics.fmean(w) for g in windows for w in g],
+        "scaled": "each config's step times to the grand mean (relative noise pooled)" if relative else None,
         "components": {"msb": noise.msb, "msw": noise.msw, "n0": noise.n0, "df_between": noise.df_between,
                        "df_within": noise.df_within, "var_between_ms2": noise.var_between,
                        "var_within_ms2": noise.var_within},

@@ -239,6 +239,7 @@ class Driver:
         on the command line (launcher, logger, contract); ``result``: the verdict, the change in the figure judged
         with the interval beside it, each arm's mean step time and runs."""
         d = self.root / name
+        common = [*common, *self.pooled_noise(name, common)]
         search = d / "search" / "experiment"
         for arm, overs in (("tune_a", a), ("tune_b", b)):
             io.write_text(search / f"{arm}.yaml", experiment_yaml(overs, f"arm {arm[-1].upper()} of {name}"))
@@ -251,6 +252,37 @@ class Driver:
                 e.status = "queued"
 
         return self._launch(Experiment(name, "ab", str(d), command), read)
+
+
+    def pooled_noise(self, name: str, common: list[str]) -> list[str]:
+        """``compare.noise_file`` for the A/B ``name``: the run-to-run noise pooled from the runs of every A/B this
+        loop ended before it (each arm a config; relative noise, :func:`moe_hydra.analysis.noise.measure`), so that
+        its test starts from what is known of the noise instead of its own first runs. Written once, to
+        ``noise/<name>.json``, and read again when the A/B resumes. None while the ended A/Bs give fewer than 2
+        degrees of freedom, or when ``common`` names a noise file of its own."""
+        from moe_hydra.analysis import noise as noises
+
+        if any(overrides.key(o) == noises.CONFIG_KEY for o in common):
+            return []
+        path = self.root / "noise" / f"{name}.json"
+        if not path.exists():
+            from moe_hydra.analysis.runs import load
+            from moe_hydra.core import contract
+
+            dirs = [Path(e["dir"]) for e in self.journal["experiments"].values()
+                    if e["kind"] == "ab" and e["status"] == "done" and e["name"] != name]
+            groups: dict[str, list[Any]] = {}
+            for r in load(dirs, lambda message: None).runs if dirs else []:
+                groups.setdefault(contract.digest(r.results["contract"]), []).append(r)
+            repeated = [g for g in groups.values() if len(g) >= 2]
+            if sum(len(g) - 1 for g in repeated) < 2:
+                return []
+            try:
+                _, record = noises.measure(repeated, dirs, relative=True)
+            except Refused:  # runs of one step: nothing to pool
+                return []
+            io.write_json(record, path)
+        return [overrides.override(noises.CONFIG_KEY, str(path.resolve()))]
 
 
 def ready(e: Experiment) -> Experiment:

@@ -231,7 +231,7 @@ class Tune:
         new, own, decided = self._layout_evidence(arm, best, arms)
         self._record("screen", arm=new, experiment=e.name, arms=[
             {k: a.get(k) for k in ("layout", "status", "step_ms", "ci_ms", "measured_rank", "predicted_rank",
-                                   "tie_with_best", "dir")} for a in arms],
+                                   "tie_with_best", "dir", "overrides")} for a in arms],
             best=best["layout"], start_layout=own, layout=decided["layout"], against_start=decided.get("verdict"),
             summary=decided["why"])
         return new
@@ -285,8 +285,11 @@ class Tune:
             walls = [w for w, share in profiles[-1]["walls"].items() if share >= 0.05] or list(retune.WALLS)
             inc_cfg = self._plan(arm).get("cfg") or self.cfg
             for wall in walls:
-                for cand, change in retune.candidates(inc_cfg, wall, self.tcfg.allow):
-                    new = overrides.merge(arm, change)
+                proposed = [(c, change, overrides.merge(arm, change))
+                            for c, change in retune.candidates(inc_cfg, wall, self.tcfg.allow)]
+                if wall == "communication" and accepted:
+                    proposed += self._next_layout(arm)
+                for cand, change, new in proposed:
                     key = tuple(sorted(new))
                     if key in tried:
                         continue
@@ -326,6 +329,23 @@ class Tune:
                      ended_by=ended, summary=f"{len(accepted)} of {n} A/Bs accepted "
                      f"({', '.join(t['candidate'] for t in accepted) or 'none'}); ended by {ended}")
         return arm, profiles
+
+    def _next_layout(self, arm: list[str]) -> list[tuple[retune.Candidate, list[str], list[str]]]:
+        """The screen measured its layouts under the start's batch and recompute; once the retune has changed those,
+        the fastest other layout it measured is one more candidate against the incumbent (the layout moves the
+        exposed communication above all)."""
+        screen = self._stage("screen") or {}
+        resolved = self._plan(arm).get("resolved")
+        own_layout = resolved.layout.describe() if resolved is not None else None
+        others = sorted((a for a in screen.get("arms") or [] if a.get("step_ms") is not None and a.get("overrides")
+                         and a.get("layout") != own_layout), key=lambda a: a["step_ms"])
+        if not others:
+            return []
+        change = [o for o in others[0]["overrides"] if overrides.key(o).startswith(LAYOUT)]
+        cand = retune.Candidate("communication", f"the screen's next layout ({others[0]['layout']})",
+                                lambda cfg: change, "the layout the screen measured fastest after the incumbent's, "
+                                "under the batch and recompute the retune has chosen since", retune.WORKFLOW)
+        return [(cand, change, overrides.merge(without_layout(arm), change))]
 
     def validate(self, winner: list[str]) -> dict[str, Any]:
         steps = self.tcfg.validate_steps

@@ -48,14 +48,29 @@ def _selective(cfg: Any) -> list[str] | None:
     return ["recompute=selective"] if cfg.recompute.name == "full" else None
 
 
-def _larger_micro_batch(cfg: Any) -> list[str] | None:
-    """Twice the micro batch at the same global batch, when the data-parallel size still divides it (a global
-    batch left to follow the micro batch would change the work a step: never proposed)."""
+def _micro_batches(cfg: Any) -> tuple[int, list[int]] | None:
+    """(the micro batch, every larger one the global batch allows: the data-parallel size times it divides the
+    global batch and at least PP micro-batches remain to fill the pipeline), or None without a fixed global batch
+    (one left to follow the micro batch would change the work a step: never proposed)."""
     mbs, gbs = cfg.train.micro_batch_size, cfg.train.global_batch_size
     if gbs is None:
         return None
     dp = max(cfg.hardware.nodes * cfg.hardware.devices_per_node // _model_parallel(cfg), 1)
-    return [f"train.micro_batch_size={2 * mbs}"] if gbs % (2 * mbs * dp) == 0 else None
+    pp = max(cfg.parallel.pipeline_model_parallel_size, 1)
+    return mbs, [m for m in range(mbs + 1, gbs // dp + 1) if gbs % (m * dp) == 0 and gbs // (m * dp) >= pp]
+
+
+def _fewest_micro_batches(cfg: Any) -> list[str] | None:
+    """The largest micro batch at the same global batch: the fewest micro-batches a step (the largest change in
+    host work, so the one an A/B finds first; a run that does not fit is dropped and the next candidate tried)."""
+    room = _micro_batches(cfg)
+    return [f"train.micro_batch_size={room[1][-1]}"] if room and room[1] else None
+
+
+def _larger_micro_batch(cfg: Any) -> list[str] | None:
+    """Twice the micro batch at the same global batch, when the global batch allows it."""
+    room = _micro_batches(cfg)
+    return [f"train.micro_batch_size={2 * room[0]}"] if room and 2 * room[0] in room[1] else None
 
 
 def _smaller_micro_batch(cfg: Any) -> list[str] | None:
@@ -118,6 +133,9 @@ TABLE: tuple[Candidate, ...] = (
               MCORE),
     Candidate("compute", "lower precision (FP8)", _fp8, "FP8 GEMMs; changes numerics", MCORE, alters="precision"),
     # host: the device waiting on Python, launches and the schedule
+    Candidate("host", "fewest micro-batches", _fewest_micro_batches, "the largest micro batch the global batch "
+              "allows: the least per-micro-batch host work (launches, the schedule) at the same global batch",
+              WORKFLOW),
     Candidate("host", "fewer, larger micro-batches", _larger_micro_batch, "half the per-micro-batch host work "
               "(launches, the schedule) at the same global batch", WORKFLOW),
     Candidate("host", "CUDA graphs", _cuda_graphs, "replay the step's launches instead of issuing them", MCORE),

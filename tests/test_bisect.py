@@ -14,7 +14,8 @@ from moe_hydra.commands import run_command
 from moe_hydra.launch import bisect
 
 GOOD = ["train.global_batch_size=8", "train.micro_batch_size=1"]
-NEUTRAL = ["optimizer.lr=0.0003", "optimizer.weight_decay=0.1", "train.log_interval=2"]
+NEUTRAL = ["optimizer.lr=0.0003", "optimizer.weight_decay=0.1", "train.log_interval=2", "optimizer.clip_grad=0.5",
+           "train.layout_invariant_init=false"]
 
 
 def test_a_group_travels_with_its_own_keys_and_a_key_only_good_sets_goes_back_to_the_default():
@@ -39,6 +40,19 @@ def test_a_subset_of_units_applied_to_good_is_good_with_those_changes(tmp_path):
     assert b.arm([2, 3]) == [*GOOD, "hardware.devices_per_node=2", "optimizer.weight_decay=0.1",
                              "train.log_interval=2"]
     assert b.how == ["logger=none"] and [u.key for u in b.units][0] == "recompute"
+
+
+def test_keys_a_rule_ties_together_are_one_unit(tmp_path):
+    """Full recompute set key by key: L50 refuses the granularity without its method and layers, and the method
+    without full granularity, so the three keys are one unit (recorded with the rule); the neutral key stays apart."""
+    b = bisect.Bisect(QUICK, [*QUICK, "recompute.recompute_method=uniform", "optimizer.lr=0.0003",
+                              "recompute.recompute_granularity=full", "recompute.recompute_num_layers=1"],
+                      ["hardware.devices_per_node=2", "logger=none"], tmp_path / "bi")
+    b.lock.close()
+    assert [(sorted(u.overrides), u.tied_by) for u in b.units] == [
+        (["recompute.recompute_granularity=full", "recompute.recompute_method=uniform",
+          "recompute.recompute_num_layers=1"], ["L50"]), (["optimizer.lr=0.0003"], [])]
+    assert not b.plan(b.arm([0]))["violations"]
 
 
 @pytest.mark.parametrize("args, said", [
@@ -94,18 +108,20 @@ def _bisect(tmp_path, bad: list[str], *extra: str) -> tuple[subprocess.Completed
 
 @pytest.mark.slow
 @pytest.mark.serial  # its verdicts judge measured step times
-def test_bisect_names_the_deeper_model_among_four_units(tmp_path):
-    """Twice the layers (about twice the step: the same tokens, so a like-for-like A/B) among three neutral
-    optimizer and logging keys: reproduced, then ddmin's first half holds it and then its first half, and it is named
-    alone with its share of the regression and the compute wall. A culprit this large decides in a round or two on
+def test_bisect_names_the_deeper_model_among_six_units(tmp_path):
+    """Twice the layers (about twice the step: the same tokens, so a like-for-like A/B) among five neutral
+    optimizer, init and logging keys: reproduced, then ddmin's first half holds it, then that half's first half, then
+    its first unit, and it is named alone with its share of the regression and the compute wall. A culprit this large decides in a round or two on
     these noisy cores (full recompute at micro-batch 4, about +12 % here, needs most of bisect.max_repeats)."""
     r, j = _bisect(tmp_path, [*QUICK, "model.num_layers=4", *NEUTRAL], "bisect.max_repeats=4", "bisect.window=[3,6]")
     assert j["bisect_version"] == 1 and j["reproduce"]["verdict"] == "slower", j["reproduce"]
     assert j["status"] == "found" and [u["overrides"] for u in j["culprit"]] == [["model.num_layers=4"]], j["trials"]
     assert not j["interaction"] and 0 < j["share"]["rel_step_time"] and j["share"]["of_regression"] > 0.5
-    # the culprit is the first unit: ddmin's first half fails, then its first half: two A/Bs, both "slower"
-    assert [(t["units"], t["outcome"]) for t in j["trials"]] == [(["model.num_layers", "optimizer.lr"], "fail"),
-                                                                  (["model.num_layers"], "fail")], j["trials"]
+    # the culprit is the first unit: ddmin's halves that hold it, three A/Bs, each "slower"
+    assert [(t["units"], t["outcome"]) for t in j["trials"]] == [
+        (["model.num_layers", "optimizer.lr", "optimizer.weight_decay"], "fail"),
+        (["model.num_layers", "optimizer.lr"], "fail"), (["model.num_layers"], "fail")], j["trials"]
+    assert all(t["margin"] == j["trials"][0]["margin"] >= 0.05 for t in j["trials"])  # half the regression
     assert j["walls"]["moved"]["compute"] > 0, j["walls"]
     md = (tmp_path / "bi" / "bisect.md").read_text()
     assert "`model.num_layers=4` alone explains" in md and "## Trials" in md

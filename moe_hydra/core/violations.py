@@ -21,6 +21,10 @@ class Violation:
     fields: tuple[tuple[str, Any], ...]  # (dotted path, value) of every field involved
     fix: str  # overrides that make the rule hold, then ", or " other choices (see :func:`first_fix`)
 
+    def line(self) -> str:
+        """One line: "[L50] what broke; fix: overrides" (a journal's reasons, a refusal listing several)."""
+        return f"[{self.rule}] {self.message}; fix: {self.fix}"
+
     def render(self) -> str:
         where = "  ".join(overrides.override(k, v) for k, v in self.fields)
         return f"[{self.rule}] {self.message}\n        {where}\n        fix: {self.fix}"

@@ -43,6 +43,7 @@ class Unit:
     key: str
     overrides: list[str]
     good: list[str] = field(default_factory=list)
+    tied_by: list[str] = field(default_factory=list)  # the rules that made several keys one unit
 
 
 def units_between(good: list[str], bad: list[str]) -> list[Unit]:
@@ -139,6 +140,7 @@ class Bisect:
                           + (" (they differ only in what a config cannot switch: "
                              + ", ".join(d["what"] for d in unswitchable(*envs)) + ")" if unswitchable(*envs) else ""))
         self.cfg = self._check()
+        self.units = self._tied(self.units)
         self.bcfg = self.cfg.bisect
         self.dir = out or directories.fresh(Path("outputs/bisect") / datetime.datetime.now().strftime(
             "%Y-%m-%d/%H-%M-%S"), "--out")
@@ -170,10 +172,37 @@ class Bisect:
         """``arm``'s composed config and what stops it from running here (empty when nothing does)."""
         return experiments.plan_arm([*arm, *self.how, *self.limits])
 
-    def arm(self, subset: Any) -> list[str]:
-        """Good with the units of ``subset`` (indices) applied."""
-        change = [o for i in subset for o in self.units[i].overrides]
+    def arm(self, subset: Any, units: list[Unit] | None = None) -> list[str]:
+        """Good with the units of ``subset`` (indices into ``units``, the bisect's by default) applied."""
+        change = [o for i in subset for o in (units or self.units)[i].overrides]
         return overrides.merge(self.good, change) if change else list(self.good)
+
+    def _tied(self, units: list[Unit]) -> list[Unit]:
+        """Keys that a rule ties together are one unit: a unit the rules refuse on good takes in every unit whose
+        keys the violated rules name (``recompute.recompute_granularity=full`` with its ``recompute_method`` and
+        ``recompute_num_layers``: L50), until good with them plans or the rules name no other unit. A unit that
+        stays refused is kept as it is (ddmin records its subsets as refused)."""
+        units = list(units)
+        i = 0
+        while i < len(units):
+            group = [i]
+            planned = self.plan(self.arm(group, units))
+            while planned["violations"]:
+                named = set(planned.get("fields") or ())
+                more = [j for j, u in enumerate(units) if j not in group and any(
+                    overrides.key(o) in named or overrides.key(o) in {k.split(".")[0] for k in named}
+                    for o in u.overrides)]
+                if not more:
+                    break
+                group += more
+                planned = self.plan(self.arm(group, units))
+            if len(group) > 1 and not planned["violations"]:
+                rules = self.plan(self.arm([i], units)).get("rules") or []
+                merged = Unit(" + ".join(units[j].key for j in group), [o for j in group for o in units[j].overrides],
+                              [o for j in group for o in units[j].good], rules)
+                units = [merged if j == i else u for j, u in enumerate(units) if j == i or j not in group]
+            i += 1
+        return units
 
     def _journal(self, envs: tuple[dict[str, Any], dict[str, Any]]) -> dict[str, Any]:
         path = self.dir / BISECT_FILE
@@ -200,10 +229,23 @@ class Bisect:
         """The overrides both arms take, with the steady window of the bisect's runs (bisect.window)."""
         return experiments.with_window(self.how, list(self.bcfg.window))
 
-    def _ab(self, name: str, arm: list[str]) -> dict[str, Any]:
-        e = experiments.ready(self.driver.ab(name, self.good, arm, self.measured, self.bcfg.max_repeats))
-        return {"experiment": e.name, "status": e.status, **{k: e.result.get(k) for k in (
-            "verdict", "rel_step_time", "interval", "interval_is", "runs", "step_time_ms")}}
+    def _ab(self, name: str, arm: list[str], margin: float | None = None) -> dict[str, Any]:
+        """``arm`` against good, repeat=auto; ``margin``: its equivalence margin (compare.equivalence) when not the
+        declared one."""
+        common = [*self.measured, *([f"compare.equivalence={margin:.6g}"] if margin else [])]
+        e = experiments.ready(self.driver.ab(name, self.good, arm, common, self.bcfg.max_repeats))
+        return {"experiment": e.name, "status": e.status, **({"margin": margin} if margin else {}), **{
+            k: e.result.get(k) for k in ("verdict", "rel_step_time", "interval", "interval_is", "runs",
+                                         "step_time_ms")}}
+
+    @property
+    def margin(self) -> float:
+        """The trials' equivalence margin: half the reproduced regression (a subset equivalent to good within it
+        holds less than half of the regression: it passes), at least the declared compare.equivalence. Without it
+        a subset with no effect could only end undecided on a noisy machine, and ddmin could not prove a culprit
+        minimal."""
+        rel = (self.journal.get("reproduce") or {}).get("rel_step_time") or 0.0
+        return round(max(float(self.cfg.compare.equivalence), rel / 2), 4)
 
     def test(self, subset: tuple[int, ...]) -> str:
         """ddmin's test: the subset's units applied to good, judged against good (slower: the regression is there)."""
@@ -213,7 +255,7 @@ class Bisect:
         if planned["violations"]:
             trial.update(outcome=ddmin.UNRESOLVED, reasons=planned["violations"])
         else:
-            ab = self._ab("trial-" + "_".join(map(str, subset)), arm)
+            ab = self._ab("trial-" + "_".join(map(str, subset)), arm, self.margin)
             verdict = ab["verdict"]
             outcome = (ddmin.FAIL if verdict == "slower" else ddmin.PASS if verdict in ("faster", "equivalent")
                        else ddmin.UNRESOLVED)

@@ -54,7 +54,8 @@ def with_window(how: list[str], window: list[int]) -> list[str]:
 def plan_arm(arm: list[str]) -> dict[str, Any]:
     """An arm as a loop would launch it (its overrides with the run-how ones; Hydra's own are left out), planned in
     this process: ``violations`` (the rules', and for the local launcher this machine's checks H01..; empty when it
-    can run), ``cfg`` (the composed config, when it composes) and ``resolved`` (when it resolves)."""
+    can run), ``cfg`` (the composed config, when it composes), ``resolved`` (when it resolves), and the ``rules``
+    broken and the dotted keys they name (``fields``)."""
     from moe_hydra.core.resolved import resolve
     from moe_hydra.core.violations import LayoutError
     from moe_hydra.planning import plan
@@ -67,12 +68,22 @@ def plan_arm(arm: list[str]) -> dict[str, Any]:
         r = resolve(cfg)
         violations = plan.run_violations(r)
     except LayoutError as e:
-        return {"violations": [str(v) for v in e.violations], "cfg": cfg}
+        return {"violations": [_line(v) for v in e.violations], "cfg": cfg, **_named(e.violations)}
     if not violations and cfg.launcher.name == "local":  # the runs are this machine's: its checks (H01..)
         from moe_hydra.launch import local
 
         violations = local.machine(r)
-    return {"violations": [str(v) for v in violations], "cfg": cfg, "resolved": r}
+    return {"violations": [_line(v) for v in violations], "cfg": cfg, "resolved": r, **_named(violations)}
+
+
+def _line(v: Any) -> str:
+    return v.line() if hasattr(v, "line") else str(v)
+
+
+def _named(violations: list[Any]) -> dict[str, list[str]]:
+    """The rules the violations break (``rules``) and the dotted keys they name (``fields``)."""
+    return {"rules": sorted({v.rule for v in violations if hasattr(v, "rule")}),
+            "fields": sorted({k for v in violations for k, _ in getattr(v, "fields", ())})}
 
 
 def open_journal(path: Path, fresh: dict[str, Any], other: Callable[[dict[str, Any]], str | None], what: str,

@@ -90,13 +90,13 @@ def measure(groups: Sequence[Sequence[Any]], dirs: Sequence[Path], relative: boo
     Raises:
         Refused: fewer than two runs of one config, or runs of one step.
     """
-    windows = [[_window(r) for r in g] for g in groups]
+    steps = [[_window(r) for r in g] for g in groups]
     if relative:
-        means = [statistics.fmean(x for w in g for x in w) for g in windows]
+        means = [statistics.fmean(x for w in g for x in w) for g in steps]
         grand = statistics.fmean(means)
-        windows = [[[x * grand / m for x in w] for w in g] for g, m in zip(windows, means)]
+        steps = [[[x * grand / m for x in w] for w in g] for g, m in zip(steps, means)]
     try:
-        noise = stats.run_noise(windows)
+        noise = stats.run_noise(steps)
     except ValueError as e:
         raise Refused(str(e)) from None
     runs = [r for g in groups for r in g]
@@ -119,7 +119,7 @@ def measure(groups: Sequence[Sequence[Any]], dirs: Sequence[Path], relative: boo
         "configs": noise.arms,
         "window": list(windows.pop()) if len(windows) == 1 else None,
         "grand_mean_ms": noise.grand_mean,
-        "run_means_ms": [statistics.fmean(w) for g in windows for w in g],
+        "run_means_ms": [statistics.fmean(w) for g in steps for w in g],
         "scaled": "each config's step times to the grand mean (relative noise pooled)" if relative else None,
         "components": {"msb": noise.msb, "msw": noise.msw, "n0": noise.n0, "df_between": noise.df_between,
                        "df_within": noise.df_within, "var_between_ms2": noise.var_between,

@@ -187,6 +187,7 @@ class Bisect:
         while i < len(units):
             group = [i]
             planned = self.plan(self.arm(group, units))
+            rules = planned.get("rules") or []  # what refuses the unit alone
             while planned["violations"]:
                 named = set(planned.get("fields") or ())
                 more = [j for j, u in enumerate(units) if j not in group and any(
@@ -197,7 +198,6 @@ class Bisect:
                 group += more
                 planned = self.plan(self.arm(group, units))
             if len(group) > 1 and not planned["violations"]:
-                rules = self.plan(self.arm([i], units)).get("rules") or []
                 merged = Unit(" + ".join(units[j].key for j in group), [o for j in group for o in units[j].overrides],
                               [o for j in group for o in units[j].good], rules)
                 units = [merged if j == i else u for j, u in enumerate(units) if j == i or j not in group]

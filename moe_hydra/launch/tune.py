@@ -283,12 +283,13 @@ class Tune:
         while n < self.tcfg.max_trials and self.driver.gpu_hours < self.tcfg.budget_gpu_hours:
             won = False
             walls = [w for w, share in profiles[-1]["walls"].items() if share >= 0.05] or list(retune.WALLS)
-            inc_cfg = self._plan(arm).get("cfg") or self.cfg
+            incumbent = self._plan(arm)
+            inc_cfg = incumbent.get("cfg") or self.cfg
             for wall in walls:
                 proposed = [(c, change, overrides.merge(arm, change))
                             for c, change in retune.candidates(inc_cfg, wall, self.tcfg.allow)]
                 if wall == "communication" and accepted:
-                    proposed += self._next_layout(arm)
+                    proposed += self._next_layout(arm, incumbent.get("resolved"))
                 for cand, change, new in proposed:
                     key = tuple(sorted(new))
                     if key in tried:
@@ -330,12 +331,11 @@ class Tune:
                      f"({', '.join(t['candidate'] for t in accepted) or 'none'}); ended by {ended}")
         return arm, profiles
 
-    def _next_layout(self, arm: list[str]) -> list[tuple[retune.Candidate, list[str], list[str]]]:
+    def _next_layout(self, arm: list[str], resolved: Any) -> list[tuple[retune.Candidate, list[str], list[str]]]:
         """The screen measured its layouts under the start's batch and recompute; once the retune has changed those,
         the fastest other layout it measured is one more candidate against the incumbent (the layout moves the
-        exposed communication above all)."""
+        exposed communication above all). ``resolved``: the incumbent's resolved config, as the loop planned it."""
         screen = self._stage("screen") or {}
-        resolved = self._plan(arm).get("resolved")
         own_layout = resolved.layout.describe() if resolved is not None else None
         others = sorted((a for a in screen.get("arms") or [] if a.get("step_ms") is not None and a.get("overrides")
                          and a.get("layout") != own_layout), key=lambda a: a["step_ms"])

@@ -68,6 +68,35 @@ def test_equivalence_is_rarely_claimed_for_an_effect_at_the_margin():
     assert sim["verdicts"][stats.EQUIVALENT] <= 0.06, sim  # 5 % and the simulation's own error
 
 
+def test_a_futility_stop_saves_runs_on_null_candidates_and_never_adds_a_false_faster():
+    """compare.futility (tune's retune): the same simulated campaigns with and without the stop. On a candidate no
+    faster than the incumbent it ends arms early; it is non-binding, so "faster" is never reached more often, at no
+    effect nor at a real gain of twice the futility gain (the power tune needs)."""
+    noisy = dict(sigma_b=0.10, sigma_w=0.10, steps=8, sims=1000, prior_runs=6)  # this CPU's noise, tune's window
+    for effect, seed in ((0.0, 21), (-0.10, 22)):
+        plain = stats.simulate(effect, stats.Design(max_repeats=4, margin=0.05), seed=seed, **noisy)
+        stop = stats.simulate(effect, stats.Design(max_repeats=4, margin=0.05, futility=0.05), seed=seed, **noisy)
+        assert stop["verdicts"][stats.FASTER] <= plain["verdicts"][stats.FASTER], (plain, stop)
+        assert plain["futile"] == 0
+        if effect == 0.0:
+            assert stop["futile"] > 0.3 and stop["runs_per_arm_mean"] < plain["runs_per_arm_mean"] - 0.5, stop
+            assert stop["verdicts"][stats.FASTER] <= 0.05
+        else:
+            assert stop["verdicts"][stats.FASTER] >= plain["verdicts"][stats.FASTER] - 0.02, (plain, stop)
+
+
+def test_a_look_that_rules_out_the_gain_stops_without_a_verdict():
+    a = [stats.RunStat(100.0 + x, 4.0, 8) for x in (0.0, 1.0, -1.0, 0.5)]
+    b = [stats.RunStat(112.0 + x, 4.0, 8) for x in (0.0, -1.0, 1.0, 0.5)]  # 12 % slower: no 5 % gain is possible
+    design = stats.Design(max_repeats=8, futility=0.05)
+    looks = stats.sequential_looks(a, b, design)
+    last = looks[-1]
+    assert last.futile and last.verdict == stats.UNDECIDED and last.look < 8 and stats.decided(looks, design)
+    assert last.gain_bound < 0.05
+    # without the stop the same runs go on (to "slower")
+    assert not stats.sequential_looks(a, b, stats.Design(max_repeats=8))[-1].futile
+
+
 def test_the_first_look_waits_for_a_variance():
     runs = [stats.RunStat(100.0, 0.1, 20), stats.RunStat(101.0, 0.1, 20)]
     assert stats.sequential_looks(runs[:1], runs[1:], stats.Design()) == []  # one run each, no noise: no look
@@ -190,6 +219,18 @@ def test_arms_whose_batch_follows_the_variable_are_refused_before_a_round(tmp_pa
     err = capsys.readouterr().err
     assert outcome.state_of(ret) == "INVALID" and not s.batches, err
     assert "train different work a step" in err and "train.global_batch_size=20" in err and "Nothing was launched" in err
+
+
+def test_drive_with_futility_stops_a_slower_candidate_and_says_so(tmp_path, capsys):
+    s = FakeSweeper(tmp_path, {"dispatcher=alltoall": 100.0, "dispatcher=allgather": 110.0}, sd_run=0.02,
+                    futility=0.05)
+    returns = sequential.drive(s, _overrides("dispatcher=alltoall,allgather"))
+    rec = json.loads((s.sweep_dir / sequential.SEQUENTIAL_FILE).read_text())
+    [pair] = rec["pairs"]
+    assert rec["status"] == "stopped for futility (compare.futility)" and pair["futile"], rec
+    assert rec["verdict"] == stats.UNDECIDED and pair["gain_bound"] < 0.05 and len(returns) < 8
+    assert rec["design"]["futility"] == 0.05
+    assert "a gain of 5.00% ruled out" in capsys.readouterr().out
 
 
 def test_drive_stops_at_the_cap_undecided(tmp_path):

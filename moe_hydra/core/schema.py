@@ -338,6 +338,10 @@ class KernelsConfig:
 @dataclass(kw_only=True, slots=True)
 class OverlapConfig:
     overlap_grad_reduce: bool = False
+    # Megatron-Core's DistributedDataParallelConfig.bucket_size: parameters (elements) per gradient bucket, each
+    # bucket one reduce launched as soon as its gradients are ready. null: Megatron-Core's max(40M, 1M x DP). It
+    # only applies with overlap_grad_reduce (without it Megatron-Core reduces everything as one bucket).
+    bucket_size: Optional[int] = None
     overlap_param_gather: bool = False
     tp_comm_overlap: bool = False
     # Interleaved-PP send/recv overlap; batch_p2p_comm = not overlap_p2p_comm.
@@ -516,6 +520,10 @@ class CompareConfig:
     max_repeats: int = 8
     # The false-verdict rate of every verdict (two-sided for a difference; each one-sided test of equivalence).
     alpha: float = 0.05
+    # repeat=auto for a loop that only wants "faster" (tune sets it): the smallest gain worth finding, relative. A
+    # look that rules it out (B's gain at most this, one-sided 80 %) stops the arm: no verdict, fewer runs. The stop
+    # is non-binding: the false-"faster" rate stays at alpha. null: every arm runs until decided or the cap.
+    futility: Optional[float] = None
     # Set by repeat=auto on the command line (repeat is an integer): run the sweep's arms in rounds until decided.
     sequential: bool = False
 
@@ -539,6 +547,9 @@ class TuneConfig:
     screen_top_k: int = 4
     # Runs per arm of each retune A/B, at most (compare.max_repeats of its repeat=auto).
     max_repeats: int = 4
+    # The smallest gain a retune candidate is worth (relative): its A/B stops once a gain this large is ruled out
+    # (compare.futility of its repeat=auto).
+    min_gain: float = 0.05
     # The steady window of the screening, profile and retune runs (6-12 steps), after contract.warmup_steps.
     window: List[int] = field(default_factory=lambda: [4, 11])
     # Steps of the validation run (>= 50: the acceptance gate's), its steady window the last 10.

@@ -52,6 +52,12 @@ nominal levels would give 5.5 % instead of 5 %. Without a measured noise the fir
 Looking after every round keeps the false-verdict rate at alpha; stopping for equivalence (or for a difference)
 only lowers the other error. :func:`simulate` measures both rates.
 
+Futility (``Design.futility``, a loop that only wants "faster": tune's retune): an interim look stops the test
+when B's gain is ruled out as large as ``futility`` — the one-sided upper (1 - :data:`FUTILITY_BETA`) t bound of
+the gain below it. The stop is non-binding (a look that would have gone on to "faster" is only given up), so the
+false-"faster" rate stays at or below alpha; what it costs is power near the futility gain, which
+:func:`simulate` measures (Jennison and Turnbull, *Group Sequential Methods*, 2000, ch. 10 on non-binding futility).
+
 Welch's test is chosen over a bootstrap because arms have few samples (a 10-step window, a handful of
 repeats), where percentile bootstraps are too narrow. Step times within one run are not independent (drift,
 shared-machine noise): with one run per arm and no measured noise the verdict covers within-run noise only,
@@ -70,7 +76,7 @@ import functools
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 FASTER, SLOWER, EQUIVALENT, UNDECIDED = "faster", "slower", "equivalent", "undecided"
@@ -78,6 +84,8 @@ FASTER, SLOWER, EQUIVALENT, UNDECIDED = "faster", "slower", "equivalent", "undec
 # (compare.equivalence). Declared, never derived from the noise: a margin that grows with the noise would make a
 # noisy machine call everything equivalent.
 EQUIVALENCE = 0.05
+# A futility stop's one-sided level: the gain it rules out lies above the (1 - beta) upper bound of the measured one.
+FUTILITY_BETA = 0.2
 POWER = 0.80  # the power the runs_needed estimates plan for
 SAME = UNDECIDED  # the name of "neither faster nor slower" before equivalence existed (layout screening's ties)
 VERDICTS = (FASTER, SLOWER, EQUIVALENT, UNDECIDED)
@@ -456,6 +464,7 @@ class Design:
     noise: float | None = None
     noise_df: float | None = None
     step_noise: float | None = None  # the measured sigma_w, relative (a floor under the runs' own step variance)
+    futility: float | None = None  # the smallest gain worth finding (relative): an interim look ruling it out stops
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -484,6 +493,9 @@ class Look:
     eq_ci_high: float | None = None
     # undecided at the last round with a margin: about how many runs per arm would show equivalence (runs_needed)
     runs_needed: int | None = None
+    # stopped early: B's gain of Design.futility ruled out, gain_bound the one-sided upper bound of the gain
+    futile: bool = False
+    gain_bound: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -640,19 +652,27 @@ def sequential_looks(a: Sequence[RunStat | None], b: Sequence[RunStat | None], d
         eq_half = eq_crit * se if eq_crit is not None and math.isfinite(eq_crit) else None
         needed = (runs_needed(max(n_a, n_b), se, design.margin * ma - abs(d), 1 - design.alpha)
                   if final and verdict == UNDECIDED and design.margin is not None else None)
+        gain_bound = futile = None
+        if design.futility is not None and verdict == UNDECIDED and not final and se > 0:
+            from scipy import special
+
+            gain_bound = (-d + float(special.stdtrit(df, 1 - FUTILITY_BETA)) * se) / ma
+            futile = gain_bound < design.futility
         looks.append(Look(look=r, n_a=n_a, n_b=n_b, fraction=fraction, mean_a_ms=ma, mean_b_ms=mb,
                           rel_step_time=d / ma, ci_low=(d - half) / ma, ci_high=(d + half) / ma, t=t, df=df,
                           bound=crit, eq_bound=eq_crit, verdict=verdict, alpha_spent=spent(fraction, design.alpha),
                           eq_ci_low=(d - eq_half) / ma if eq_half is not None else None,
-                          eq_ci_high=(d + eq_half) / ma if eq_half is not None else None, runs_needed=needed))
-        if verdict != UNDECIDED or final:
+                          eq_ci_high=(d + eq_half) / ma if eq_half is not None else None, runs_needed=needed,
+                          futile=bool(futile), gain_bound=gain_bound))
+        if verdict != UNDECIDED or final or futile:
             break
     return looks
 
 
 def decided(looks: Sequence[Look], design: Design) -> bool:
-    """Whether the looks end the test: a verdict other than undecided, or the last round's look."""
-    return bool(looks) and (looks[-1].verdict != UNDECIDED or looks[-1].look >= design.max_repeats)
+    """Whether the looks end the test: a verdict other than undecided, a futility stop, or the last round's look."""
+    return bool(looks) and (looks[-1].verdict != UNDECIDED or looks[-1].futile
+                            or looks[-1].look >= design.max_repeats)
 
 
 def simulate(effect: float, design: Design, sigma_b: float, sigma_w: float, steps: int, sims: int = 2000,
@@ -661,7 +681,7 @@ def simulate(effect: float, design: Design, sigma_b: float, sigma_w: float, step
     step noise), run effects N(0, sigma_b^2), steps N(0, sigma_w^2) (both relative), B's mean ``effect`` (relative)
     above A's. ``prior_runs`` > 0: every sequence first measures the noise from that many runs of A's config
     (:func:`run_noise`), as ``python -m moe_hydra.noise`` would, and pools it (``design.noise`` is then replaced).
-    Returns the share of each verdict, the runs per arm used (mean, distribution) and, per verdict, the share of
+    Returns the share of each verdict (and of futility stops, ``futile``), the runs per arm used (mean, distribution) and, per verdict, the share of
     campaigns that reached it within each number of runs per arm (``verdict_within``)."""
     import numpy as np
 
@@ -669,6 +689,7 @@ def simulate(effect: float, design: Design, sigma_b: float, sigma_w: float, step
     k = design.max_repeats
     verdicts = {v: 0 for v in VERDICTS}
     used = []
+    futile = 0
 
     def runs(mu: float, count: int):
         shift = rng.normal(0.0, sigma_b, count)
@@ -682,17 +703,17 @@ def simulate(effect: float, design: Design, sigma_b: float, sigma_w: float, step
         d = design
         if prior_runs:
             nz = run_noise([runs(mean, prior_runs).tolist()])
-            d = Design(max_repeats=k, alpha=design.alpha, margin=design.margin, noise=nz.relative,
-                       noise_df=max(nz.df, 1.0), step_noise=nz.step_noise)
+            d = replace(design, noise=nz.relative, noise_df=max(nz.df, 1.0), step_noise=nz.step_noise)
         a = summarized(runs(mean, k))
         b = summarized(runs(mean * (1 + effect), k))
         looks = sequential_looks(a, b, d)  # looks after each round, stopping at the first that decides
         verdict = looks[-1].verdict if looks else UNDECIDED
         verdicts[verdict] += 1
+        futile += bool(looks) and looks[-1].futile
         used.append((looks[-1].look if looks else k, verdict))
     share = {v: n / sims for v, n in verdicts.items()}
     runs = [n for n, _ in used]
-    return {"effect": effect, "sims": sims, "verdicts": share, "runs_per_arm_mean": statistics.fmean(runs),
+    return {"effect": effect, "sims": sims, "verdicts": share, "futile": futile / sims, "runs_per_arm_mean": statistics.fmean(runs),
             "runs_per_arm": {n: runs.count(n) / sims for n in range(1, k + 1)},
             "verdict_within": {v: {n: sum(1 for m, w in used if w == v and m <= n) / sims for n in range(1, k + 1)}
                                for v in VERDICTS},

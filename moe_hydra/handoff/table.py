@@ -1075,6 +1075,8 @@ TABLE: tuple[Entry, ...] = (
           group="kernels", doc="attention kernels: TE's fused (auto, flash, fused) or unfused, or Megatron-Core's local"),
     _bias_activation_fusion(),
     switch("overlap.overlap_grad_reduce", bridge="ddp", group="overlap", doc="DP gradient reduce overlap"),
+    value("overlap.bucket_size", "--ddp-bucket-size", bridge="ddp", group="overlap",
+          doc="elements per DP gradient bucket (with the reduce overlap)"),
     switch("overlap.overlap_param_gather", bridge="ddp", group="overlap", doc="parameter all-gather overlap"),
     switch("overlap.tp_comm_overlap", group="overlap", doc="TP communication overlap"),
     _overlap_p2p(),

@@ -335,6 +335,7 @@ class Job:
         ddp_cfg = DistributedDataParallelConfig(
             grad_reduce_in_fp32=o.grad_reduce_in_fp32,
             overlap_grad_reduce=ov.overlap_grad_reduce,
+            bucket_size=ov.bucket_size,
             overlap_param_gather=ov.overlap_param_gather,
             use_distributed_optimizer=o.use_distributed_optimizer,
             num_distributed_optimizer_instances=o.num_distributed_optimizer_instances,

@@ -244,18 +244,21 @@ class Driver:
 
         return self._launch(Experiment(name, "sweep" if sweep else "run", str(d), command), read)
 
-    def ab(self, name: str, a: list[str], b: list[str], common: list[str], max_repeats: int) -> Experiment:
+    def ab(self, name: str, a: list[str], b: list[str], common: list[str], max_repeats: int,
+           futility: float | None = None) -> Experiment:
         """B against A with repeat=auto: ``a``, ``b`` the arms' overrides (written as the options
         ``tune_a``/``tune_b`` of the ``experiment`` group in ``<dir>/search``), ``common`` the overrides both take
-        on the command line (launcher, logger, contract); ``result``: the verdict, the change in the figure judged
-        with the interval beside it, each arm's mean step time and runs."""
+        on the command line (launcher, logger, contract); ``futility``: stop once a gain of B this large is ruled
+        out (compare.futility: an A/B that only wants "faster"); ``result``: the verdict, the change in the figure
+        judged with the interval beside it, each arm's mean step time and runs."""
         d = self.root / name
         common = [*common, *self.pooled_noise(name, common)]
         search = d / "search" / "experiment"
         for arm, overs in (("tune_a", a), ("tune_b", b)):
             io.write_text(search / f"{arm}.yaml", experiment_yaml(overs, f"arm {arm[-1].upper()} of {name}"))
         command = [*common, f"hydra.searchpath=[file://{(d / 'search').resolve()}]", "experiment=tune_a,tune_b",
-                   "repeat=auto", f"compare.max_repeats={max_repeats}", f"hydra.sweep.dir={d}", "-m"]
+                   "repeat=auto", f"compare.max_repeats={max_repeats}",
+                   *([f"compare.futility={futility}"] if futility is not None else []), f"hydra.sweep.dir={d}", "-m"]
 
         def read(e: Experiment) -> None:
             e.result = verdict(d)
@@ -355,6 +358,7 @@ def verdict(sweep_dir: Path) -> dict[str, Any]:
             "rel_step_time": pair.get("rel_step_time"), "rel_tokens_per_s_per_gpu":
             pair.get("rel_tokens_per_s_per_gpu"), "interval": pair.get("verdict_ci"), "interval_is":
             pair.get("verdict_ci_is"), "runs": pair.get("runs"), "runs_needed": pair.get("runs_needed"),
+            "futile": pair.get("futile"), "gain_bound": pair.get("gain_bound"),
             "step_time_ms": [mean.get(a) for a in arms], "file": str(path)}
 
 

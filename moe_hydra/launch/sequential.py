@@ -108,8 +108,10 @@ def design_of(config: DictConfig) -> tuple[stats.Design, dict[str, Any]]:
     # one run's mean, relative: the measured run-to-run noise and its steps' over the window's n
     run_sd = math.sqrt(floor.value**2 + (floor.step_noise or 0.0) ** 2 / steps) if floor is not None else None
     margin = sel("compare.equivalence", stats.EQUIVALENCE)
+    futility = sel("compare.futility")
     design = stats.Design(max_repeats=int(sel("compare.max_repeats", 8)), alpha=float(sel("compare.alpha", 0.05)),
                           margin=float(margin) if margin is not None and 0 < float(margin) < 1 else None,
+                          futility=float(futility) if futility is not None else None,
                           noise=floor.value if floor else None, noise_df=floor.df if floor else None,
                           step_noise=floor.step_noise if floor else None)
     info = {"margin_source": "compare.equivalence (declared)", "noise_floor": floor.as_dict() if floor else None,
@@ -233,12 +235,15 @@ def drive(sweeper: Any, overrides: list) -> list[list[Any]]:
                 lk = looks[-1]
                 log.info("repeat=auto round %d: %s vs %s: %s %+.2f%% [%+.2f%%, %+.2f%%] (t %.2f, bound %.2f%s) -> %s",
                          r + 1, labels[j], labels[0], _TESTED[metric], 100 * lk.rel_step_time, 100 * lk.ci_low,
-                         100 * lk.ci_high,
-                         lk.t, lk.bound, f", equivalence bound {lk.eq_bound:.2f}" if lk.eq_bound else "", lk.verdict)
-            if stats.decided(looks, design) and looks[-1].verdict != stats.UNDECIDED:
+                         100 * lk.ci_high, lk.t, lk.bound,
+                         f", equivalence bound {lk.eq_bound:.2f}" if lk.eq_bound else "",
+                         f"stopped: a gain of {design.futility:.1%} ruled out (at most {lk.gain_bound:.1%})"
+                         if lk.futile else lk.verdict)
+            if stats.decided(looks, design) and (looks[-1].verdict != stats.UNDECIDED or looks[-1].futile):
                 decided[j] = looks
         if len(decided) == len(arms) - 1:
-            record["status"] = "decided"
+            record["status"] = ("decided" if any(ls[-1].verdict != stats.UNDECIDED for ls in decided.values())
+                                else "stopped for futility (compare.futility)")
             break
         record["pairs"] = _pairs(labels, looks_of, runs, metric)
         _write(sweep_dir, record, runs, labels)
@@ -301,6 +306,7 @@ def _pairs(labels: list[str], looks_of: dict[int, list[stats.Look]], runs: list[
                     "verdict_ci_is": (None if not last else "the equivalence test's (1 - 2 alpha, repeated)"
                                       if last.verdict == stats.EQUIVALENT else "repeated 95%"),
                     "runs_needed": last.runs_needed if last else None,
+                    "futile": bool(last and last.futile), "gain_bound": last.gain_bound if last else None,
                     "looks": len(looks), "decided_at_round": last.look if last and last.verdict != stats.UNDECIDED
                     else None,
                     "runs": {labels[0]: sum(x is not None for x in runs[0]),
@@ -329,7 +335,9 @@ def _report(record: dict[str, Any], sweep_dir: Path) -> None:
                         f"({p['verdict_ci_is']} interval)" if ci and all(x is not None and math.isfinite(x) for x in ci)
                         else "")
                      + (f"; about {p['runs_needed']} runs per arm would show equivalence within ±{margin:.2%} "
-                        "(compare.max_repeats)" if p.get("runs_needed") and margin else ""))
+                        "(compare.max_repeats)" if p.get("runs_needed") and margin else "")
+                     + (f"; stopped: a gain of {record['design']['futility']:.2%} ruled out (the gain is at most "
+                        f"{p['gain_bound']:.2%}, one-sided {1 - stats.FUTILITY_BETA:.0%})" if p.get("futile") else ""))
     if record.get("metric") == contracts.THROUGHPUT:
         lines.append("  judged on tokens/s/GPU: the design varies the work a step ("
                      + ", ".join(f"{a}: {w:g} tokens/GPU" for a, w in zip(record["arms"],

@@ -252,7 +252,8 @@ class Tune:
                                   f"is tied with the screen's pick {best['layout']} ({ms}) within the noise: kept"}
             return picked, own, {"layout": best["layout"], "why": f"{best['layout']} ({ms}) measured faster than "
                                  f"the start's layout {own} ({mine['step_ms']:.1f} ms/step)"}
-        v = experiments.ready(self.driver.ab("layout", arm, picked, self.measured, self.tcfg.max_repeats)).result
+        v = experiments.ready(self.driver.ab("layout", arm, picked, self.measured, self.tcfg.max_repeats,
+                                             self.tcfg.min_gain)).result
         verdict = v.get("verdict")
         if verdict == "faster":
             return picked, own, {"layout": best["layout"], "verdict": verdict, "why": f"{best['layout']} faster than "
@@ -304,13 +305,17 @@ class Tune:
                     if n >= self.tcfg.max_trials or self.driver.gpu_hours >= self.tcfg.budget_gpu_hours:
                         break
                     n += 1
-                    e = self.driver.ab(f"retune-{n:02d}", arm, new, self.measured, self.tcfg.max_repeats)
+                    e = self.driver.ab(f"retune-{n:02d}", arm, new, self.measured, self.tcfg.max_repeats,
+                                       self.tcfg.min_gain)
                     v = experiments.ready(e).result
                     trials.append({**trial, "experiment": e.name, "status": e.status, "verdict": v.get("verdict"),
                                    "rel_step_time": v.get("rel_step_time"), "interval": v.get("interval"),
                                    "runs": v.get("runs"), "step_time_ms": v.get("step_time_ms"),
+                                   "futile": v.get("futile"),
                                    "outcome": "accepted" if v.get("verdict") == "faster" else
-                                   f"dropped: {e.status} ({e.error})" if e.status != "done" else "rejected"})
+                                   f"dropped: {e.status} ({e.error})" if e.status != "done" else
+                                   f"rejected: a gain of {self.tcfg.min_gain:.0%} ruled out" if v.get("futile")
+                                   else "rejected"})
                     self.say(f"retune {n}: {cand.name} ({' '.join(change)}) for {wall}: {v.get('verdict')}"
                              + (f" {v['rel_step_time']:+.1%}" if v.get("rel_step_time") is not None else ""))
                     if v.get("verdict") == "faster":

@@ -407,11 +407,13 @@ def test_bisect_runs_detached_on_slurm_and_the_same_command_follows_it_to_the_en
     noise.write_text(json.dumps({"source": "measured", "run_to_run_noise": 0.20, "df": 10, "runs": 11,
                                  "step_noise": 0.20}))
     good = "train.global_batch_size=4 train.micro_batch_size=1"
-    command = [sys.executable, "-m", "moe_hydra.bisect", "--good", good, "--bad", f"{good} recompute=full "
-               "train.log_interval=2", "--out", str(out), *BASE, "launcher.detach=true", "bisect.max_repeats=2",
-               "bisect.window=[2,5]", f"compare.noise_file={noise}"]
+    # six units: twice the layers (about twice the step) among five neutral ones, as in tests/test_bisect.py
+    bad = (f"{good} model.num_layers=4 optimizer.lr=0.0003 optimizer.weight_decay=0.1 train.log_interval=2 "
+           "optimizer.clip_grad=0.5 train.layout_invariant_init=false")
+    command = [sys.executable, "-m", "moe_hydra.bisect", "--good", good, "--bad", bad, "--out", str(out), *BASE,
+               "launcher.detach=true", "bisect.max_repeats=2", "bisect.window=[2,5]", f"compare.noise_file={noise}"]
     queued = []
-    for _ in range(16):
+    for _ in range(32):
         r = subprocess.run(command, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0 and "Traceback" not in r.stdout + r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
         journal = json.loads((out / "bisect.json").read_text())
@@ -421,7 +423,7 @@ def test_bisect_runs_detached_on_slurm_and_the_same_command_follows_it_to_the_en
         queued.append(name)
         assert sweep("wait", Path(journal["experiments"][name]["dir"]), timeout=400).returncode == 0
     assert journal["status"] in ("found", "not_reproduced", "max_trials"), journal
-    assert queued[0] == "reproduce", queued
+    assert len(journal["difference"]["units"]) == 6 and queued[0] == "reproduce", queued
     for name in set(queued):  # each A/B queued once a round, each run once: nothing queued twice
         rounds = out / name / "sequential.json"
         expected = len(json.loads(rounds.read_text())["rounds"]) if rounds.exists() else 1

@@ -44,9 +44,10 @@ def markdown(j: dict[str, Any]) -> str:
         lines += ["", "Not switchable by a config (reported, not bisected):", ""]
         lines += [f"- {d['what']}: {d['good']} → {d['bad']}" for d in diff["unswitchable"]]
     rep = j.get("reproduce") or {}
+    runs = " + ".join(str(n) for n in (rep.get("runs") or {}).values()) or "none"
     lines += ["", "## Reproduce", "", f"Bad against good: **{rep.get('verdict')}** {change(rep.get('rel_step_time'))} "
               f"{change_interval(rep.get('interval'))} ({rep.get('interval_is') or 'sequential'} interval; runs "
-              f"{rep.get('runs')}).", ""]
+              f"good + bad: {runs}).", ""]
     if j.get("trials"):
         lines += ["## Trials (delta debugging)", "", "| # | units applied to good | verdict | step time | interval | "
                   "outcome |", "|---|---|---|---|---|---|"]

@@ -20,7 +20,7 @@ $(STAMP):
 
 # the venv's moe_hydra is this checkout (a venv shared between checkouts, as CI's cached one, points at the last)
 setup: $(STAMP)
-	@$(BIN)/python -I -c "import os, sys, moe_hydra; sys.exit(os.path.dirname(os.path.dirname(os.path.realpath(moe_hydra.__file__))) != os.path.realpath('.'))" \
+	@$(BIN)/python -I -c "import os, sys, moe_hydra; sys.exit(os.path.dirname(os.path.dirname(os.path.realpath(moe_hydra.__file__))) != os.path.realpath('.'))" 2>/dev/null \
 	  || $(BIN)/pip install -q --no-deps -e .
 
 run: setup

@@ -424,6 +424,8 @@ def test_bisect_runs_detached_on_slurm_and_the_same_command_follows_it_to_the_en
         assert sweep("wait", Path(journal["experiments"][name]["dir"]), timeout=400).returncode == 0
     assert journal["status"] in ("found", "not_reproduced", "max_trials"), journal
     assert len(journal["difference"]["units"]) == 6 and queued[0] == "reproduce", queued
+    if journal["status"] == "found":  # found, it is the deeper model (a wrong culprit is a bug, not the noise)
+        assert [u["key"] for u in journal["culprit"]] == ["model.num_layers"], journal["trials"]
     for name in set(queued):  # each A/B queued once a round, each run once: nothing queued twice
         rounds = out / name / "sequential.json"
         expected = len(json.loads(rounds.read_text())["rounds"]) if rounds.exists() else 1

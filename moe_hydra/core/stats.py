@@ -681,8 +681,9 @@ def simulate(effect: float, design: Design, sigma_b: float, sigma_w: float, step
     step noise), run effects N(0, sigma_b^2), steps N(0, sigma_w^2) (both relative), B's mean ``effect`` (relative)
     above A's. ``prior_runs`` > 0: every sequence first measures the noise from that many runs of A's config
     (:func:`run_noise`), as ``python -m moe_hydra.noise`` would, and pools it (``design.noise`` is then replaced).
-    Returns the share of each verdict (and of futility stops, ``futile``), the runs per arm used (mean, distribution) and, per verdict, the share of
-    campaigns that reached it within each number of runs per arm (``verdict_within``)."""
+    Returns the share of each verdict (and of futility stops, ``futile``), the runs per arm used (mean,
+    distribution) and, per verdict, the share of campaigns that reached it within each number of runs per arm
+    (``verdict_within``)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
@@ -713,7 +714,8 @@ def simulate(effect: float, design: Design, sigma_b: float, sigma_w: float, step
         used.append((looks[-1].look if looks else k, verdict))
     share = {v: n / sims for v, n in verdicts.items()}
     runs = [n for n, _ in used]
-    return {"effect": effect, "sims": sims, "verdicts": share, "futile": futile / sims, "runs_per_arm_mean": statistics.fmean(runs),
+    return {"effect": effect, "sims": sims, "verdicts": share, "futile": futile / sims,
+            "runs_per_arm_mean": statistics.fmean(runs),
             "runs_per_arm": {n: runs.count(n) / sims for n in range(1, k + 1)},
             "verdict_within": {v: {n: sum(1 for m, w in used if w == v and m <= n) / sims for n in range(1, k + 1)}
                                for v in VERDICTS},

@@ -1,0 +1,184 @@
+"""The machine's own rates, measured where the job runs: the parts ``stage=calibrate`` is built from (issue 36).
+
+Each measurement times one operation with real torch on the job's device and process group, the warm-up calls
+discarded, and keeps every sample: :class:`Measurement` holds them with their median, min and max and the rate the
+step model reads (the median's). What is measured, and how a rate is defined:
+
+- :func:`gemm`: ``A (m x k) @ B (k x n)`` in the given dtype; 2 m n k FLOPs a call (the FLOPs Megatron-Core's
+  counter gives a GEMM); TFLOP/s.
+- :func:`memory_bandwidth`: ``y.copy_(x)``, which reads and writes every byte once: 2 x the tensor's bytes a call;
+  GB/s (what the kernels between the GEMMs move runs at this).
+- :func:`collective`: one collective over a process group, ``nbytes`` the size of each rank's buffer — the input of
+  all_reduce, reduce-scatter and all_to_all_single, the output of all-gather, the message of a
+  send/receive ring — as nccl-tests sizes them; its algorithm bandwidth (bytes / time) and its bus bandwidth, which
+  is the algorithm bandwidth times :func:`bus_factor` (nccl-tests' ``doc/PERFORMANCE.md``: 2 (n-1)/n for an
+  all-reduce, (n-1)/n for all-gather, reduce-scatter and all-to-all, 1 for send/receive), so that it compares with
+  the link's bandwidth whatever the group's size. Every rank times the same calls, after a barrier; a call's time
+  is the slowest rank's (what the step waits for), gathered to every rank.
+
+Times are wall clock (``time.perf_counter``) around the call, after ``torch.cuda.synchronize`` on a GPU (so the
+kernel's time is in it; host time apart from GPU time, with CUDA events, is the next part of the issue). Imports
+torch inside the functions, as the rest of the job.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+WARMUP = 2  # calls discarded before timing: allocator, kernel selection, first-touch pages
+REPEATS = 7  # timed calls
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+
+
+@dataclass
+class Measurement:
+    """One operation timed ``len(seconds)`` times: ``work`` is what a call does in ``unit`` (FLOPs, bytes), so the rate
+    is ``work / median``; ``params`` says which operation (shape, dtype, group size, ...)."""
+
+    kind: str
+    params: dict[str, Any]
+    seconds: list[float]
+    work: float
+    unit: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.seconds)
+
+    def rate(self, scale: float = 1.0) -> float:
+        """``work`` per second at the median time, over ``scale`` (1e12: TFLOP/s, 1e9: GB/s)."""
+        return self.work / self.median_s / scale
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, **self.params, "median_s": self.median_s, "min_s": min(self.seconds),
+                "max_s": max(self.seconds), "samples": len(self.seconds), "warmup_discarded": WARMUP, "work": self.work,
+                "unit": self.unit, **self.extra}
+
+
+def timed(call: Callable[[], Any], sync: Callable[[], None] = lambda: None, warmup: int = WARMUP,
+          repeats: int = REPEATS) -> list[float]:
+    """Seconds of each of ``repeats`` calls of ``call`` after ``warmup`` untimed ones; ``sync`` waits for the device
+    before and after each (a no-op on the CPU)."""
+    for _ in range(warmup):
+        call()
+    sync()
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        call()
+        sync()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _sync(device: Any) -> Callable[[], None]:
+    import torch
+
+    if getattr(device, "type", str(device)).startswith("cuda"):
+        return torch.cuda.synchronize
+    return lambda: None
+
+
+def gemm(m: int, n: int, k: int, dtype: Any, device: Any, repeats: int = REPEATS) -> Measurement:
+    """``(m x k) @ (k x n)``: 2 m n k FLOPs a call."""
+    import torch
+
+    a = torch.randn(m, k, dtype=dtype, device=device)
+    b = torch.randn(k, n, dtype=dtype, device=device)
+    seconds = timed(lambda: torch.matmul(a, b), _sync(device), repeats=repeats)
+    m_ = Measurement("gemm", {"m": m, "n": n, "k": k, "dtype": str(dtype).replace("torch.", "")}, seconds,
+                     2.0 * m * n * k, "FLOP")
+    m_.extra["tflops"] = m_.rate(1e12)
+    return m_
+
+
+def memory_bandwidth(numel: int, dtype: Any, device: Any, repeats: int = REPEATS) -> Measurement:
+    """``y.copy_(x)``: reads and writes the tensor's bytes once each."""
+    import torch
+
+    x = torch.randn(numel, device=device).to(dtype)
+    y = torch.empty_like(x)
+    seconds = timed(lambda: y.copy_(x), _sync(device), repeats=repeats)
+    m_ = Measurement("memory_bandwidth", {"numel": numel, "dtype": str(dtype).replace("torch.", "")}, seconds,
+                     2.0 * x.numel() * x.element_size(), "byte")
+    m_.extra["gb_per_s"] = m_.rate(1e9)
+    return m_
+
+
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests' bus bandwidth over algorithm bandwidth for ``op`` over ``n`` ranks."""
+    if op not in COLLECTIVES:
+        raise ValueError(f"unknown collective {op!r}: one of {', '.join(COLLECTIVES)}")
+    if op == "send_recv":
+        return 1.0
+    if n <= 1:
+        return 0.0
+    return (2.0 if op == "all_reduce" else 1.0) * (n - 1) / n
+
+
+def collective(op: str, nbytes: int, group: Any = None, dtype: Any = None, device: Any = None,
+               repeats: int = REPEATS) -> Measurement:
+    """``op`` over ``group`` (None: the default group) with ``nbytes`` a rank (rounded down to whole elements, a
+    multiple of the group's size); every rank must call it with the same arguments. Send/receive: each rank sends
+    to the next in a ring and receives from the one before (a pipeline's boundary, both directions at once)."""
+    import torch
+    import torch.distributed as dist
+
+    dtype = dtype or torch.float32
+    device = device or torch.device("cpu")
+    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    size = torch.tensor([], dtype=dtype).element_size()
+    numel = max(nbytes // size // n, 1) * n
+    x = torch.ones(numel, dtype=dtype, device=device)
+    if op == "all_reduce":
+        def call():
+            dist.all_reduce(x, group=group)
+    elif op == "all_gather":  # nbytes is the gathered output: each rank contributes 1/n of it
+        part, out = x[: numel // n].clone(), torch.empty_like(x)
+
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # torch >= 2.13's name
+
+        def call():
+            gather(out, part, group=group)
+    elif op == "reduce_scatter":
+        out = torch.empty(numel // n, dtype=dtype, device=device)
+
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+        def call():
+            scatter(out, x, group=group)
+    elif op == "all_to_all":
+        out = torch.empty_like(x)
+
+        def call():
+            dist.all_to_all_single(out, x, group=group)
+    elif op == "send_recv":
+        out = torch.empty_like(x)
+        ranks = dist.get_process_group_ranks(group) if group is not None else list(range(n))
+        to, frm = ranks[(rank + 1) % n], ranks[(rank - 1) % n]
+
+        def call():
+            if n > 1:
+                reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, x, to, group),
+                                               dist.P2POp(dist.irecv, out, frm, group)])
+                for r in reqs:
+                    r.wait()
+    else:
+        raise ValueError(f"unknown collective {op!r}: one of {', '.join(COLLECTIVES)}")
+    sync = _sync(device)
+    dist.barrier(group=group)
+    seconds = torch.tensor(timed(call, sync, repeats=repeats), dtype=torch.float64)
+    dist.all_reduce(seconds, op=dist.ReduceOp.MAX, group=group)  # a call takes as long as its slowest rank
+    nbytes_used = numel * size
+    m_ = Measurement("collective", {"op": op, "bytes": nbytes_used, "group_size": n,
+                                    "dtype": str(dtype).replace("torch.", "")}, seconds.tolist(), float(nbytes_used),
+                     "byte")
+    m_.extra["algbw_gb_per_s"] = m_.rate(1e9)
+    m_.extra["busbw_gb_per_s"] = m_.rate(1e9) * bus_factor(op, n)
+    return m_

@@ -1,0 +1,85 @@
+"""The machine's own rates (moe_hydra.job.calibrate, the parts stage=calibrate is built from): how each measurement
+times and what its rate means, and the collectives on two real gloo processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+import pytest
+import torch
+
+from moe_hydra.job import calibrate
+
+
+@pytest.mark.parametrize("op, n, factor", [("all_reduce", 8, 1.75), ("all_reduce", 2, 1.0), ("all_gather", 4, 0.75),
+                                           ("reduce_scatter", 2, 0.5), ("all_to_all", 8, 0.875),
+                                           ("send_recv", 2, 1.0), ("all_reduce", 1, 0.0)])
+def test_bus_bandwidth_factors_are_nccl_tests(op, n, factor):
+    assert calibrate.bus_factor(op, n) == pytest.approx(factor)
+
+
+def test_an_unknown_collective_is_refused():
+    with pytest.raises(ValueError, match="all_reduce"):
+        calibrate.bus_factor("broadcast", 2)
+
+
+def test_timed_discards_the_warmup_and_times_each_call():
+    calls = []
+
+    def call():
+        calls.append(1)
+        time.sleep(0.02 if len(calls) > 2 else 0.2)  # the warm-up calls are slow: they must not be in the samples
+
+    seconds = calibrate.timed(call, warmup=2, repeats=3)
+    assert len(calls) == 5 and len(seconds) == 3
+    assert all(0.019 <= s < 0.15 for s in seconds), seconds
+
+
+def test_gemm_counts_two_m_n_k_and_its_rate_is_the_medians():
+    m = calibrate.gemm(64, 96, 128, torch.float32, torch.device("cpu"), repeats=5)
+    d = m.as_dict()
+    assert m.work == 2 * 64 * 96 * 128 and d["samples"] == 5 and d["min_s"] <= d["median_s"] <= d["max_s"]
+    assert d["tflops"] == pytest.approx(m.work / d["median_s"] / 1e12) and d["tflops"] > 0
+    assert (d["m"], d["n"], d["k"], d["dtype"]) == (64, 96, 128, "float32")
+
+
+def test_memory_bandwidth_counts_a_read_and_a_write():
+    m = calibrate.memory_bandwidth(1 << 16, torch.bfloat16, torch.device("cpu"), repeats=3)
+    assert m.work == 2 * (1 << 16) * 2 and m.as_dict()["gb_per_s"] == pytest.approx(m.work / m.median_s / 1e9)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ranks(rank: int, world: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        rows = [calibrate.collective(op, 3004, repeats=3).as_dict() for op in calibrate.COLLECTIVES]
+    finally:
+        dist.destroy_process_group()
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(rows, f)
+
+
+def test_collectives_on_two_gloo_processes(tmp_path):
+    """Each collective over two real processes: the buffer rounded to whole elements a rank, the time the slowest
+    rank's (the same on both), the bus bandwidth the algorithm bandwidth times nccl-tests' factor."""
+    import torch.multiprocessing as mp
+
+    out = str(tmp_path / "rows")
+    mp.spawn(_ranks, args=(2, _free_port(), out), nprocs=2)
+    a, b = (json.loads(open(f"{out}.{r}").read()) for r in (0, 1))
+    assert [r["op"] for r in a] == list(calibrate.COLLECTIVES)
+    for r0, r1 in zip(a, b):
+        assert r0["median_s"] == r1["median_s"] > 0 and r0["samples"] == 3, (r0, r1)
+        assert r0["group_size"] == 2 and r0["bytes"] == 3000  # 3004 B a rank: 375 floats for each of the 2
+        assert r0["busbw_gb_per_s"] == pytest.approx(r0["algbw_gb_per_s"] * calibrate.bus_factor(r0["op"], 2))

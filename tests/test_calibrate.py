@@ -83,3 +83,30 @@ def test_collectives_on_two_gloo_processes(tmp_path):
         assert r0["median_s"] == r1["median_s"] > 0 and r0["samples"] == 3, (r0, r1)
         assert r0["group_size"] == 2 and r0["bytes"] == 3000  # 3004 B a rank: 375 floats for each of the 2
         assert r0["busbw_gb_per_s"] == pytest.approx(r0["algbw_gb_per_s"] * calibrate.bus_factor(r0["op"], 2))
+
+
+def test_stage_calibrate_measures_this_machine_on_the_jobs_processes(cli, tmp_path):
+    """python -m moe_hydra stage=calibrate on two processes: calibration.json holds the machine, every GEMM of the
+    model at three micro-batches' tokens, the memory bandwidth and each collective across sizes over both."""
+    from moe_hydra.core.arch import Arch
+    from tests.conftest import compose_config
+
+    r = cli("stage=calibrate", "logger=none", "hardware.devices_per_node=2", timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "measurements on 2 processes" in r.stdout and "calibrate: all_to_all over 2 processes" in r.stdout
+    rec = json.loads((tmp_path / "run" / "calibration.json").read_text())
+    assert rec["calibration_version"] == 1 and rec["model"] == "tiny_moe" and rec["seconds"] > 0
+    assert rec["machine"]["processes"] == 2 and rec["machine"]["device_type"] == "cpu" and rec["machine"]["torch"]
+    by_kind: dict[str, list] = {}
+    for m in rec["measurements"]:
+        by_kind.setdefault(m["kind"], []).append(m)
+    cfg = compose_config()
+    seq, a = cfg.train.seq_length, Arch.from_model(cfg.model)
+    gemms = {(g["gemm"], g["m"], g["n"], g["k"]) for g in by_kind["gemm"]}
+    assert gemms == set(calibrate.gemm_shapes(a, seq)) and {m for _, m, _, _ in gemms} >= {seq, 2 * seq, 4 * seq}
+    assert ("logits", seq, a.vocab, a.h) in gemms and all(g["tflops"] > 0 for g in by_kind["gemm"])
+    assert by_kind["memory_bandwidth"] and all(m["gb_per_s"] > 0 for m in by_kind["memory_bandwidth"])
+    ops = {(c["op"], c["bytes"]) for c in by_kind["collective"]}
+    assert {op for op, _ in ops} == set(calibrate.COLLECTIVES)
+    assert all(c["group_size"] == 2 for c in by_kind["collective"])
+    assert len(ops) == len(calibrate.COLLECTIVES) * len(calibrate.CPU_COLLECTIVE_BYTES)

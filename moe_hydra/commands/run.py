@@ -232,7 +232,7 @@ def run_point(cfg: DictConfig) -> str:
         for name in OUTCOME_FILES:
             (out_dir / name).unlink(missing_ok=True)
     # stage=run builds on this machine (or this node of a Slurm job): what it will build is detected here
-    here = obj.stage is Stage.run and (rank is not None or obj.launcher.name == "local")
+    here = obj.stage in (Stage.run, Stage.calibrate) and (rank is not None or obj.launcher.name == "local")
     r = p = None
     try:
         r = resolve(obj, local.implementation(obj) if here else None)
@@ -241,7 +241,7 @@ def run_point(cfg: DictConfig) -> str:
     except LayoutError as e:
         refused = e.violations
     if here and r is not None:  # admission: the memory verdict and this machine join the rules' refusals
-        too_big = plan.unfit(obj, p) if p else None
+        too_big = plan.unfit(obj, p) if p and obj.stage is Stage.run else None
         refused += [too_big] * bool(too_big) + local.machine(r, inside_allocation=rank is not None)
     elif obj.stage is Stage.fit and (rank is not None or obj.launcher.name == "local"):  # builds ranks here
         refused += local.packages("fit")
@@ -261,6 +261,8 @@ def run_point(cfg: DictConfig) -> str:
         return _run_job(cfg, r, p, out_dir, snapshot)
     if obj.stage is Stage.fit:
         return _run_fit(cfg, r, p, out_dir)
+    if obj.stage is Stage.calibrate:
+        return _run_calibrate(cfg, r, p, out_dir, snapshot)
     return "PLANNED"
 
 
@@ -296,7 +298,7 @@ def _run_slurm_task(cfg: DictConfig, r: Resolved, p: dict, out_dir: Path, rank: 
         io.write_json(snapshot, out_dir / "env.json")
     if r.cfg.stage is Stage.fit and rank == 0:  # the fit builds its ranks as processes of its own
         return _run_fit(cfg, r, p, out_dir)
-    if r.cfg.stage is not Stage.run:
+    if r.cfg.stage not in (Stage.run, Stage.calibrate):
         return "PLANNED"
     slurm.task_environment()
     try:
@@ -327,6 +329,21 @@ def _run_job(cfg: DictConfig, r: Resolved, p: dict, out_dir: Path, snapshot: dic
     print(f"moe_hydra: {results['steps']} steps, window {results['window']}: step {results['step_time_ms']:.1f} ms, "
           f"{results['tokens_per_s_per_gpu']:.1f} tokens/s/GPU, {results['tflops_per_gpu']:.4f} TFLOP/s/GPU, "
           f"loss {loss['first']:.3f} -> {loss['last']:.3f}  ({out_dir / 'results.json'})", flush=True)
+    return "COMPLETED"
+
+
+def _run_calibrate(cfg: DictConfig, r: Resolved, p: dict, out_dir: Path, snapshot: dict) -> str:
+    """stage=calibrate: the job's processes measure this machine (moe_hydra.job.calibrate); calibration.json."""
+    try:
+        record = local.launch_local(_job_spec(cfg, r, p, out_dir, snapshot), r.layout.world_size, out_dir)
+    except local.JobFailed as e:
+        _fail(str(e))
+    except local.JobStopped as e:
+        _stopped(e.signame, e.code, out_dir)
+    except Refused as e:
+        _refuse(str(e))
+    print(f"moe_hydra: {len(record['measurements'])} measurements on {record['machine']['processes']} processes in "
+          f"{record['seconds']:.1f} s  ({out_dir / 'calibration.json'})", flush=True)
     return "COMPLETED"
 
 

@@ -98,6 +98,9 @@ class Stage(str, Enum):
     plan = "plan"  # validate, count, estimate; write plan.json; start nothing
     fit = "fit"  # plan, then build pipeline ranks of the layout with Megatron-Core on a fake process group
     run = "run"  # plan, then train and measure
+    # plan, then measure this machine's rates on the job's processes (GEMMs at the model's shapes, memory bandwidth,
+    # collectives): calibration.json (moe_hydra.job.calibrate)
+    calibrate = "calibrate"
 
 
 @dataclass(kw_only=True, slots=True)

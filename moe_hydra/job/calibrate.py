@@ -23,10 +23,12 @@ torch inside the functions, as the rest of the job.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 WARMUP = 2  # calls discarded before timing: allocator, kernel selection, first-touch pages
@@ -182,3 +184,99 @@ def collective(op: str, nbytes: int, group: Any = None, dtype: Any = None, devic
     m_.extra["algbw_gb_per_s"] = m_.rate(1e9)
     m_.extra["busbw_gb_per_s"] = m_.rate(1e9) * bus_factor(op, n)
     return m_
+
+
+# ------------------------------------------------------------------------------------------------ the stage's job
+
+CALIBRATION_VERSION = 1
+CALIBRATION_FILE = "calibration.json"
+MICRO_BATCHES = (1, 2, 4)  # micro-batch sizes whose tokens the GEMMs are measured at (>= 3 shapes)
+CPU_COLLECTIVE_BYTES = tuple(1 << p for p in range(12, 23, 2))  # 4 KiB .. 4 MiB a rank
+GPU_COLLECTIVE_BYTES = tuple(1 << p for p in range(16, 31, 2))  # 64 KiB .. 1 GiB a rank
+
+
+def gemm_shapes(a: Any, seq_length: int, micro_batches: tuple[int, ...] = MICRO_BATCHES
+                ) -> list[tuple[str, int, int, int]]:
+    """(name, m, n, k) of the model's GEMMs (one rank, no model parallelism) at each micro-batch's tokens: the
+    attention projections, the dense MLP, a routed expert at its rows (tokens x top-k / experts) and the logits."""
+    glu = 2 if a.glu else 1
+    q = a.heads * a.head_dim
+    out = []
+    for b in micro_batches:
+        rows = b * seq_length
+        out += [("qkv", rows, q + 2 * a.groups * a.head_dim, a.h), ("proj", rows, a.h, q),
+                ("fc1", rows, glu * a.ffn, a.h), ("fc2", rows, a.h, a.ffn),
+                ("logits", rows, a.vocab, a.h)]
+        if a.experts:
+            expert_rows = max(rows * a.topk // a.experts, 1)
+            out += [("expert_fc1", expert_rows, glu * a.moe_ffn, a.h), ("expert_fc2", expert_rows, a.h, a.moe_ffn)]
+    return out
+
+
+def machine(device: Any, world: int) -> dict[str, Any]:
+    """What the measurements hold for: the device kind and count, the host, the software."""
+    import platform
+
+    import torch
+
+    from moe_hydra.core import versions
+
+    gpu = getattr(device, "type", "cpu") == "cuda"
+    return {"device": torch.cuda.get_device_name(device) if gpu else platform.processor() or platform.machine(),
+            "device_type": "cuda" if gpu else "cpu", "processes": world, "host": platform.node(),
+            "cpus": os.cpu_count(), "torch": torch.__version__, "megatron_core": versions.installed_mcore_version(),
+            "cuda": torch.version.cuda if gpu else None}
+
+
+def worker(spec: dict[str, Any]) -> dict[str, Any] | None:
+    """One rank of ``stage=calibrate``: the GEMMs at the model's shapes, the memory bandwidth, and every collective
+    over all the job's processes at sizes across the range; rank 0 writes ``calibration.json`` and returns it."""
+    import torch
+    import torch.distributed as dist
+
+    from moe_hydra.core import io
+    from moe_hydra.job.compat import cpu_has_bf16
+
+    r = spec["resolved"]
+    out_dir = Path(spec["out_dir"])
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    gpu = r.cfg.hardware.arch != "cpu"
+    if gpu:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
+    dist.init_process_group("nccl" if gpu else "gloo")
+    t0 = time.perf_counter()
+    # the GEMMs' dtype is what the job's run: bf16, in fp32 on a CPU without bf16 GEMMs (moe_hydra.job.compat)
+    dtype = torch.bfloat16 if gpu or cpu_has_bf16() else torch.float32
+
+    def say(text: str) -> None:
+        if rank == 0:
+            print(f"calibrate: {text}", flush=True)
+
+    rows: list[dict[str, Any]] = []
+    try:
+        for name, m, n, k in gemm_shapes(r.arch, r.batch.seq_length):
+            rows.append({**gemm(m, n, k, dtype, device).as_dict(), "gemm": name})
+        say(f"{len(rows)} GEMMs at the model's shapes ({str(dtype).replace('torch.', '')}): "
+            f"{min(x['tflops'] for x in rows):.3g}..{max(x['tflops'] for x in rows):.3g} TFLOP/s")
+        for numel in ((1 << 22, 1 << 26) if gpu else (1 << 20, 1 << 23)):
+            rows.append(memory_bandwidth(numel, dtype, device).as_dict())
+        say(f"memory bandwidth: {rows[-1]['gb_per_s']:.3g} GB/s")
+        if world > 1:
+            for op in COLLECTIVES:
+                for nbytes in (GPU_COLLECTIVE_BYTES if gpu else CPU_COLLECTIVE_BYTES):
+                    rows.append(collective(op, nbytes, device=device).as_dict())
+                say(f"{op} over {world} processes: {rows[-1]['busbw_gb_per_s']:.3g} GB/s bus bandwidth at "
+                    f"{rows[-1]['bytes']} B")
+    finally:
+        dist.destroy_process_group()
+    if rank != 0:
+        return None
+    record = {"calibration_version": CALIBRATION_VERSION, "machine": machine(device, world),
+              "implementation": spec["plan"].get("implementation"), "model": r.cfg.model.name,
+              "measurements": rows, "seconds": time.perf_counter() - t0,
+              "method": {"warmup_discarded": WARMUP, "repeats": REPEATS, "clock": "time.perf_counter, after "
+                         "torch.cuda.synchronize on a GPU", "collective_time": "the slowest rank's"}}
+    io.write_json(record, out_dir / CALIBRATION_FILE)
+    say(f"{len(rows)} measurements in {record['seconds']:.1f} s -> {out_dir / CALIBRATION_FILE}")
+    return record

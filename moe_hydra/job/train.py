@@ -47,6 +47,7 @@ from moe_hydra.core import metrics, startup
 from moe_hydra.core import results as results_schema
 from moe_hydra.core.io import write_json
 from moe_hydra.core.resolved import Resolved
+from moe_hydra.core.schema import Stage
 from moe_hydra.core.versions import mcore_facts
 from moe_hydra.job import warm_server
 
@@ -108,6 +109,10 @@ def worker(spec: dict[str, Any]) -> dict[str, Any] | None:
         Stopped: a signal stopped the job (its results were written first).
     """
     r: Resolved = spec["resolved"]
+    if r.cfg.stage is Stage.calibrate:  # the same launch (local, warm, Slurm), another job: the machine's rates
+        from moe_hydra.job import calibrate
+
+        return calibrate.worker(spec)
     out_dir = Path(spec["out_dir"])
     rank = int(os.environ.get("RANK", "0"))
     # a native crash (SIGSEGV, SIGBUS, SIGABRT in torch, gloo or a kernel) prints every thread's Python stack to the

@@ -198,7 +198,8 @@ GPU_COLLECTIVE_BYTES = tuple(1 << p for p in range(16, 31, 2))  # 64 KiB .. 1 Gi
 def gemm_shapes(a: Any, seq_length: int, micro_batches: tuple[int, ...] = MICRO_BATCHES
                 ) -> list[tuple[str, int, int, int]]:
     """(name, m, n, k) of the model's GEMMs (one rank, no model parallelism) at each micro-batch's tokens: the
-    attention projections, the dense MLP, a routed expert at its rows (tokens x top-k / experts) and the logits."""
+    attention projections, the dense MLP, a routed expert at its rows (tokens x top-k / experts) and the logits
+    (over the padded vocabulary, as Megatron-Core's output layer)."""
     glu = 2 if a.glu else 1
     q = a.heads * a.head_dim
     out = []
@@ -206,7 +207,7 @@ def gemm_shapes(a: Any, seq_length: int, micro_batches: tuple[int, ...] = MICRO_
         rows = b * seq_length
         out += [("qkv", rows, q + 2 * a.groups * a.head_dim, a.h), ("proj", rows, a.h, q),
                 ("fc1", rows, glu * a.ffn, a.h), ("fc2", rows, a.h, a.ffn),
-                ("logits", rows, a.vocab, a.h)]
+                ("logits", rows, a.padded_vocab(), a.h)]
         if a.experts:
             expert_rows = max(rows * a.topk // a.experts, 1)
             out += [("expert_fc1", expert_rows, glu * a.moe_ffn, a.h), ("expert_fc2", expert_rows, a.h, a.moe_ffn)]

@@ -310,3 +310,23 @@ def test_ingest_names_every_refused_flag_at_once(capsys):
     missing = ("--hidden-size", "--num-attention-heads", "--micro-batch-size", "--global-batch-size", "--seq-length",
                "--train-iters")
     assert all(f"no {flag}" in err for flag in missing), err  # one call says them all (it took four round trips)
+
+
+@pytest.mark.parametrize("body, code, said", [
+    ("raise SystemExit(2)", 2, None),  # argparse's malformed command line
+    ("os.kill(os.getpid(), signal.SIGTERM); time.sleep(5)", 143, "terminated (SIGTERM)"),
+    ("signal.signal(signal.SIGTERM, previous); os.kill(os.getpid(), signal.SIGTERM); time.sleep(5)", 143,
+     "terminated (SIGTERM)"),
+])
+def test_a_command_ends_with_its_code_even_when_a_signal_comes_as_it_ends(body, code, said):
+    """What a command's process ends with (commands.finish): argparse's exit keeps its code, and a SIGTERM that comes
+    once the command has restored the handler it found (the ``previous`` of run_command) is still 143 with one line,
+    never a death by signal while the interpreter shuts down (a CI run saw -15 from regress's usage error)."""
+    script = ("import os, signal, sys, time\nfrom moe_hydra.commands import finish\n"
+              "previous = None\n"
+              "def run():\n    global previous\n    previous = signal.getsignal(signal.SIGTERM)\n"
+              f"    {body}\n"
+              "finish('x', run)\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == code, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr and (said is None or r.stderr.strip().endswith(said)), r.stderr

@@ -29,7 +29,9 @@ import importlib
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from types import ModuleType
+from typing import NoReturn
 
 from moe_hydra.core.errors import (EXIT_FAILED, EXIT_OK, EXIT_REFUSED, Failed, Refused, Terminated, exit_code_help,
                                    raise_terminated, signal_exit)
@@ -118,9 +120,31 @@ def _exit(code: int) -> None:
     sys.exit(code)
 
 
+def finish(name: str, run: Callable[[], int | None]) -> NoReturn:
+    """End the process with the exit code of ``run`` (a command): argparse's own exit (``--help``, a malformed command
+    line) included, and with the command's SIGTERM handling kept until the process is on its way out, so that a
+    signal coming just as the command ends (its own handler restored) is still its ending — one line, 130 or 143 —
+    never a death by signal while the interpreter shuts down."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        code = run()
+    except SystemExit as e:  # argparse: 0 for --help, 2 for a malformed command line
+        if not (isinstance(e.code, int) or e.code is None):  # sys.exit("message"), as Python ends it
+            print(e.code, file=sys.stderr, flush=True)
+        code = e.code if isinstance(e.code, int) or e.code is None else EXIT_FAILED
+    except KeyboardInterrupt:
+        print(f"moe_hydra.{name}: interrupted", file=sys.stderr, flush=True)
+        code = signal_exit("SIGINT")
+    except Terminated:
+        print(f"moe_hydra.{name}: terminated (SIGTERM)", file=sys.stderr, flush=True)
+        code = signal_exit("SIGTERM")
+    _exit(EXIT_OK if code is None else code)
+
+
 def entry(name: str) -> None:
     """``python -m moe_hydra.<name>``: the command, then its exit code."""
-    _exit(run_command(name, sys.argv[1:], prog=f"python -m moe_hydra.{name}"))
+    finish(name, lambda: run_command(name, sys.argv[1:], prog=f"python -m moe_hydra.{name}"))
 
 
 def overview() -> str:
@@ -141,13 +165,13 @@ def cli() -> None:
     args = sys.argv[1:]
     if args and args[0] in ("-h", "--help"):  # the commands, then the run command's config groups and keys
         print(overview() + "\n\n== The run command (python -m moe_hydra, moe-hydra run) ==\n", flush=True)
-        _exit(run_command("run", ["--help"]))
+        finish("run", lambda: run_command("run", ["--help"]))
     if args and args[0] in COMMANDS:
-        _exit(run_command(args[0], args[1:], prog=f"moe-hydra {args[0]}"))
+        finish(args[0], lambda: run_command(args[0], args[1:], prog=f"moe-hydra {args[0]}"))
     if args and not args[0].startswith(("-", "+", "~")) and "=" not in args[0]:
         close = difflib.get_close_matches(args[0], COMMANDS, n=1)
         hint = f"; did you mean 'moe-hydra {close[0]}'?" if close else ""
         print(f"moe_hydra: unknown command {args[0]!r}{hint} (moe-hydra --help lists them; an override reads "
               "key=value)", file=sys.stderr)
         sys.exit(EXIT_REFUSED)
-    sys.exit(run_command("run", args, prog="python -m moe_hydra"))
+    finish("run", lambda: run_command("run", args, prog="python -m moe_hydra"))

@@ -315,16 +315,22 @@ def _job_spec(cfg: DictConfig, r: Resolved, p: dict, out_dir: Path, snapshot: di
             "out_dir": str(out_dir), "env": snapshot}
 
 
-def _run_job(cfg: DictConfig, r: Resolved, p: dict, out_dir: Path, snapshot: dict) -> str:
-    """stage=run: start the ranks (the machine was checked), report the measured run."""
+def _launch(cfg: DictConfig, r: Resolved, p: dict, out_dir: Path, snapshot: dict) -> dict:
+    """Start the job's ranks here (the machine was checked); rank 0's return. A failed or stopped job, or packages
+    that cannot be imported here (H09), end the command as such."""
     try:
-        results = local.launch_local(_job_spec(cfg, r, p, out_dir, snapshot), r.layout.world_size, out_dir)
+        return local.launch_local(_job_spec(cfg, r, p, out_dir, snapshot), r.layout.world_size, out_dir)
     except local.JobFailed as e:
         _fail(str(e))
     except local.JobStopped as e:
         _stopped(e.signame, e.code, out_dir)
-    except Refused as e:  # the job's packages cannot be imported here (H09)
+    except Refused as e:
         _refuse(str(e))
+
+
+def _run_job(cfg: DictConfig, r: Resolved, p: dict, out_dir: Path, snapshot: dict) -> str:
+    """stage=run: train, report the measured run."""
+    results = _launch(cfg, r, p, out_dir, snapshot)
     loss = results["loss"]
     print(f"moe_hydra: {results['steps']} steps, window {results['window']}: step {results['step_time_ms']:.1f} ms, "
           f"{results['tokens_per_s_per_gpu']:.1f} tokens/s/GPU, {results['tflops_per_gpu']:.4f} TFLOP/s/GPU, "
@@ -334,14 +340,7 @@ def _run_job(cfg: DictConfig, r: Resolved, p: dict, out_dir: Path, snapshot: dic
 
 def _run_calibrate(cfg: DictConfig, r: Resolved, p: dict, out_dir: Path, snapshot: dict) -> str:
     """stage=calibrate: the job's processes measure this machine (moe_hydra.job.calibrate); calibration.json."""
-    try:
-        record = local.launch_local(_job_spec(cfg, r, p, out_dir, snapshot), r.layout.world_size, out_dir)
-    except local.JobFailed as e:
-        _fail(str(e))
-    except local.JobStopped as e:
-        _stopped(e.signame, e.code, out_dir)
-    except Refused as e:
-        _refuse(str(e))
+    record = _launch(cfg, r, p, out_dir, snapshot)
     print(f"moe_hydra: {len(record['measurements'])} measurements on {record['machine']['processes']} processes in "
           f"{record['seconds']:.1f} s  ({out_dir / 'calibration.json'})", flush=True)
     return "COMPLETED"

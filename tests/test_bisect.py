@@ -133,7 +133,7 @@ def test_two_units_slow_only_together_are_named_as_the_pair(tmp_path):
     """A real interaction in Megatron-Core's DDP: a gradient bucket per parameter (overlap.bucket_size=1) only
     applies with overlap_grad_reduce (without it Megatron-Core makes one bucket), and the overlap alone keeps one
     bucket (the default size is larger than the model): each alone is neutral, both together launch a reduce per
-    parameter (about +40 % here). ddmin's half with both fails, each alone passes: the pair is the 1-minimal set."""
+    parameter (about +40 % here). ddmin's half with both fails, neither alone does: the pair is the 1-minimal set."""
     pair = ["overlap.bucket_size=1", "overlap.overlap_grad_reduce=true"]
     r, j = _bisect(tmp_path, [*QUICK, *pair, "train.log_interval=2"], "bisect.max_repeats=4", "bisect.window=[3,6]",
                    "bisect.profile=false")
@@ -141,7 +141,9 @@ def test_two_units_slow_only_together_are_named_as_the_pair(tmp_path):
     assert j["interaction"] and sorted(o for u in j["culprit"] for o in u["overrides"]) == pair, j["trials"]
     alone = [t for t in j["trials"] if len(t["units"]) == 1]
     assert sorted(t["units"][0] for t in alone) == sorted(o.split("=")[0] for o in pair), j["trials"]
-    assert all(t["outcome"] == "pass" for t in alone), j["trials"]
+    # neither alone is slower: "pass" (equivalent within half the regression), or "unresolved" when these noisy
+    # cores leave its A/B undecided at bisect.max_repeats (ddmin keeps the pair either way)
+    assert all(t["outcome"] in ("pass", "unresolved") for t in alone), j["trials"]
     assert "together" in (tmp_path / "bi" / "bisect.md").read_text()
 
 

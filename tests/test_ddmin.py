@@ -12,15 +12,18 @@ from collections.abc import Callable
 import pytest
 
 from moe_hydra.planning import ddmin
-from moe_hydra.planning.ddmin import FAIL, PASS, UNRESOLVED
+from moe_hydra.planning.ddmin import FAIL, PASS, REFUSED, UNRESOLVED
 
 
-def measurer(culprit: set[int], refused: Callable[[set[int]], bool] | None = None):
+def measurer(culprit: set[int], refused: Callable[[set[int]], bool] | None = None,
+             undecided: Callable[[set[int]], bool] | None = None):
     calls = []
 
     def test(subset: tuple[int, ...]) -> str:
         calls.append(subset)
         if refused and refused(set(subset)):
+            return REFUSED
+        if undecided and undecided(set(subset)):
             return UNRESOLVED
         return FAIL if culprit <= set(subset) else PASS
     return test, calls
@@ -52,8 +55,20 @@ def test_subsets_the_rules_refuse_are_stepped_around_and_the_result_stays_minima
     {0, 1}, and removing either unit from it does not fail."""
     test, _ = measurer({0}, refused=lambda s: 0 in s and 1 not in s)
     r = ddmin.ddmin(6, test)
-    assert set(r.culprit) == {0, 1} and r.minimal
-    assert any(t.outcome == UNRESOLVED for t in r.trials)
+    assert set(r.culprit) == {0, 1} and r.minimal and not r.undecided
+    assert any(t.outcome == REFUSED for t in r.trials)
+
+
+def test_a_culprit_whose_leaving_out_stayed_undecided_is_not_called_minimal():
+    """The noise leaves "unit 0 alone" undecided at its cap (a real slowdown the A/B could not show): ddmin keeps a
+    failing set with a unit more than needed, and says which leaving-out it could not judge; with that test
+    passing or failing instead, the same search is minimal."""
+    test, _ = measurer({0}, undecided=lambda s: s == {0})
+    r = ddmin.ddmin(6, test)
+    assert 0 in r.culprit and len(r.culprit) > 1 and not r.minimal, r
+    assert r.undecided and all(u != 0 for u in r.undecided) and r.stopped is None, r
+    decided, _ = measurer({0})
+    assert ddmin.ddmin(6, decided).minimal
 
 
 def test_known_outcomes_are_not_measured_again_and_the_budget_stops_the_search():

@@ -26,8 +26,11 @@ def answer(j: dict[str, Any]) -> str:
     if moved:
         ranked = sorted(moved.items(), key=lambda kv: -abs(kv[1]))
         line += "; " + ", ".join(f"{w} {ms:+.1f} ms/step" for w, ms in ranked)
-    if j.get("status") != "found":
+    if j.get("status") == "max_trials":
         line += f" (not minimal: the search stopped at bisect.max_trials, {len(j.get('trials') or [])} trials)"
+    elif j.get("status") == "not_minimal":
+        line += (f" (not shown minimal: the A/B without {', '.join(j.get('undecided') or [])} stayed undecided at "
+                 "bisect.max_repeats; more repeats there would tell whether it is needed)")
     return line
 
 

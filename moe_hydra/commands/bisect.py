@@ -32,8 +32,8 @@ from pathlib import Path
 
 from moe_hydra.core.errors import EXIT_FAILED, EXIT_OK, EXIT_REFUSED, Refused
 
-EXITS = {EXIT_OK: "the bisect ended (bisect.json status found, not_reproduced or max_trials), or queued its next A/B "
-         "on Slurm (detached)",
+EXITS = {EXIT_OK: "the bisect ended (bisect.json status found, not_reproduced, max_trials or not_minimal), or "
+         "queued its next A/B on Slurm (detached)",
          EXIT_FAILED: "an A/B the search cannot go on without failed",
          EXIT_REFUSED: "bad input, refused before anything ran: not two sides, a directory that is not a run, two "
          "identical configurations, a side that does not compose or plan, bisect.* out of bounds, a directory "

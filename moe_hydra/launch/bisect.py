@@ -248,12 +248,13 @@ class Bisect:
         return round(max(float(self.cfg.compare.equivalence), rel / 2), 4)
 
     def test(self, subset: tuple[int, ...]) -> str:
-        """ddmin's test: the subset's units applied to good, judged against good (slower: the regression is there)."""
+        """ddmin's test: the subset's units applied to good, judged against good (slower: the regression is there;
+        undecided at bisect.max_repeats: unresolved; a subset the rules refuse: refused, never launched)."""
         trial = {"subset": list(subset), "units": [self.units[i].key for i in subset]}
         arm = self.arm(subset)
         planned = self.plan(arm)
         if planned["violations"]:
-            trial.update(outcome=ddmin.UNRESOLVED, reasons=planned["violations"])
+            trial.update(outcome=ddmin.REFUSED, reasons=planned["violations"])
         else:
             ab = self._ab("trial-" + "_".join(map(str, subset)), arm, self.margin)
             verdict = ab["verdict"]
@@ -288,8 +289,10 @@ class Bisect:
                                  known={every: ddmin.FAIL})
             self.journal["culprit"] = [asdict(self.units[i]) for i in result.culprit]
             self.journal["minimal"] = result.minimal
+            self.journal["undecided"] = [self.units[i].key for i in result.undecided]
             self.journal["interaction"] = len(result.culprit) > 1
-            self.journal["status"] = "found" if result.minimal else "max_trials"
+            self.journal["status"] = ("found" if result.minimal else "max_trials" if result.stopped
+                                      else "not_minimal")
             self._share(result.culprit)
             if self.bcfg.profile:
                 self.journal["walls"] = self._walls(self.arm(result.culprit))

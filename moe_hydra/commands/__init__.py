@@ -100,16 +100,21 @@ def run_command(name: str, argv: list[str] | None = None, prog: str | None = Non
     except Failed as e:
         print(f"moe_hydra.{name}: error: {e}", file=sys.stderr, flush=True)
         return EXIT_FAILED
-    except KeyboardInterrupt:
-        print(f"moe_hydra.{name}: interrupted", file=sys.stderr, flush=True)
-        return signal_exit("SIGINT")
-    except Terminated:
-        print(f"moe_hydra.{name}: terminated (SIGTERM)", file=sys.stderr, flush=True)
-        return signal_exit("SIGTERM")
+    except (KeyboardInterrupt, Terminated) as e:
+        return _stopped(name, e)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     return EXIT_OK if code is None else code
+
+
+def _stopped(name: str, signal_: KeyboardInterrupt | Terminated) -> int:
+    """Command ``name`` stopped by Ctrl-C or SIGTERM: its one line, and its exit code (130, 143)."""
+    if isinstance(signal_, Terminated):
+        print(f"moe_hydra.{name}: terminated (SIGTERM)", file=sys.stderr, flush=True)
+        return signal_exit("SIGTERM")
+    print(f"moe_hydra.{name}: interrupted", file=sys.stderr, flush=True)
+    return signal_exit("SIGINT")
 
 
 def _exit(code: int) -> None:
@@ -133,12 +138,8 @@ def finish(name: str, run: Callable[[], int | None]) -> NoReturn:
         if not (isinstance(e.code, int) or e.code is None):  # sys.exit("message"), as Python ends it
             print(e.code, file=sys.stderr, flush=True)
         code = e.code if isinstance(e.code, int) or e.code is None else EXIT_FAILED
-    except KeyboardInterrupt:
-        print(f"moe_hydra.{name}: interrupted", file=sys.stderr, flush=True)
-        code = signal_exit("SIGINT")
-    except Terminated:
-        print(f"moe_hydra.{name}: terminated (SIGTERM)", file=sys.stderr, flush=True)
-        code = signal_exit("SIGTERM")
+    except (KeyboardInterrupt, Terminated) as e:
+        code = _stopped(name, e)
     _exit(EXIT_OK if code is None else code)
 
 

@@ -27,7 +27,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,6 @@ class Measurement:
     seconds: list[float]
     work: float
     unit: str
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def median_s(self) -> float:
@@ -57,10 +56,21 @@ class Measurement:
         """``work`` per second at the median time, over ``scale`` (1e12: TFLOP/s, 1e9: GB/s)."""
         return self.work / self.median_s / scale
 
+    def rates(self) -> dict[str, float]:
+        """The rates its kind is read by: a GEMM's TFLOP/s, a copy's GB/s, a collective's algorithm and bus
+        bandwidth (GB/s)."""
+        if self.kind == "gemm":
+            return {"tflops": self.rate(1e12)}
+        if self.kind == "collective":
+            algbw = self.rate(1e9)
+            return {"algbw_gb_per_s": algbw,
+                    "busbw_gb_per_s": algbw * bus_factor(self.params["op"], self.params["group_size"])}
+        return {"gb_per_s": self.rate(1e9)}
+
     def as_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, **self.params, "median_s": self.median_s, "min_s": min(self.seconds),
                 "max_s": max(self.seconds), "samples": len(self.seconds), "warmup_discarded": WARMUP, "work": self.work,
-                "unit": self.unit, **self.extra}
+                "unit": self.unit, **self.rates()}
 
 
 def timed(call: Callable[[], Any], sync: Callable[[], None] = lambda: None, warmup: int = WARMUP,
@@ -94,10 +104,8 @@ def gemm(m: int, n: int, k: int, dtype: Any, device: Any, repeats: int = REPEATS
     a = torch.randn(m, k, dtype=dtype, device=device)
     b = torch.randn(k, n, dtype=dtype, device=device)
     seconds = timed(lambda: torch.matmul(a, b), _sync(device), repeats=repeats)
-    m_ = Measurement("gemm", {"m": m, "n": n, "k": k, "dtype": str(dtype).replace("torch.", "")}, seconds,
-                     2.0 * m * n * k, "FLOP")
-    m_.extra["tflops"] = m_.rate(1e12)
-    return m_
+    return Measurement("gemm", {"m": m, "n": n, "k": k, "dtype": str(dtype).replace("torch.", "")}, seconds,
+                       2.0 * m * n * k, "FLOP")
 
 
 def memory_bandwidth(numel: int, dtype: Any, device: Any, repeats: int = REPEATS) -> Measurement:
@@ -107,10 +115,8 @@ def memory_bandwidth(numel: int, dtype: Any, device: Any, repeats: int = REPEATS
     x = torch.randn(numel, device=device).to(dtype)
     y = torch.empty_like(x)
     seconds = timed(lambda: y.copy_(x), _sync(device), repeats=repeats)
-    m_ = Measurement("memory_bandwidth", {"numel": numel, "dtype": str(dtype).replace("torch.", "")}, seconds,
-                     2.0 * x.numel() * x.element_size(), "byte")
-    m_.extra["gb_per_s"] = m_.rate(1e9)
-    return m_
+    return Measurement("memory_bandwidth", {"numel": numel, "dtype": str(dtype).replace("torch.", "")}, seconds,
+                       2.0 * x.numel() * x.element_size(), "byte")
 
 
 def bus_factor(op: str, n: int) -> float:
@@ -178,12 +184,9 @@ def collective(op: str, nbytes: int, group: Any = None, dtype: Any = None, devic
     seconds = torch.tensor(timed(call, sync, repeats=repeats), dtype=torch.float64)
     dist.all_reduce(seconds, op=dist.ReduceOp.MAX, group=group)  # a call takes as long as its slowest rank
     nbytes_used = numel * size
-    m_ = Measurement("collective", {"op": op, "bytes": nbytes_used, "group_size": n,
-                                    "dtype": str(dtype).replace("torch.", "")}, seconds.tolist(), float(nbytes_used),
-                     "byte")
-    m_.extra["algbw_gb_per_s"] = m_.rate(1e9)
-    m_.extra["busbw_gb_per_s"] = m_.rate(1e9) * bus_factor(op, n)
-    return m_
+    return Measurement("collective", {"op": op, "bytes": nbytes_used, "group_size": n,
+                                      "dtype": str(dtype).replace("torch.", "")}, seconds.tolist(), float(nbytes_used),
+                       "byte")
 
 
 # ------------------------------------------------------------------------------------------------ the stage's job

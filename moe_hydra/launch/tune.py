@@ -317,7 +317,8 @@ class Tune:
                                    f"rejected: a gain of {self.tcfg.min_gain:.0%} ruled out" if v.get("futile")
                                    else "rejected"})
                     self.say(f"retune {n}: {cand.name} ({' '.join(change)}) for {wall}: {v.get('verdict')}"
-                             + (f" {v['rel_step_time']:+.1%}" if v.get("rel_step_time") is not None else ""))
+                             + (f" {v['rel_step_time']:+.1%}" if v.get("rel_step_time") is not None else "")
+                             + (f": {trials[-1]['outcome']}" if v.get("futile") else ""))
                     if v.get("verdict") == "faster":
                         arm = new
                         accepted.append(trials[-1])

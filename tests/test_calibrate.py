@@ -86,8 +86,10 @@ def test_collectives_on_two_gloo_processes(tmp_path):
 
 
 def test_stage_calibrate_measures_this_machine_on_the_jobs_processes(cli, tmp_path):
-    """python -m moe_hydra stage=calibrate on two processes: calibration.json holds the machine, every GEMM of the
-    model at three micro-batches' tokens, the memory bandwidth and each collective across sizes over both."""
+    """python -m moe_hydra stage=calibrate on two processes: calibration.json holds the machine, the model's step at
+    every shape of step_shapes (Megatron-Core's training step on both, at depths 1 and 2) fitted with its held-out
+    error, every GEMM of the model at three micro-batches' tokens, the memory bandwidth and each collective across
+    sizes over both."""
     from moe_hydra.core.arch import Arch
     from tests.conftest import compose_config
 
@@ -95,13 +97,21 @@ def test_stage_calibrate_measures_this_machine_on_the_jobs_processes(cli, tmp_pa
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "measurements on 2 processes" in r.stdout and "calibrate: all_to_all over 2 processes" in r.stdout
     rec = json.loads((tmp_path / "run" / "calibration.json").read_text())
-    assert rec["calibration_version"] == 1 and rec["model"] == "tiny_moe" and rec["seconds"] > 0
+    assert rec["calibration_version"] == calibrate.CALIBRATION_VERSION and rec["model"] == "tiny_moe"
+    assert rec["seconds"] > 0
     assert rec["machine"]["processes"] == 2 and rec["machine"]["device_type"] == "cpu" and rec["machine"]["torch"]
     by_kind: dict[str, list] = {}
     for m in rec["measurements"]:
         by_kind.setdefault(m["kind"], []).append(m)
     cfg = compose_config()
     seq, a = cfg.train.seq_length, Arch.from_model(cfg.model)
+    measured = [(m["layers"], m["micro_batch_size"], m["seq_length"], m["microbatches"]) for m in by_kind["step"]]
+    assert measured == calibrate.step_shapes(seq) and all(m["median_s"] > 0 and m["samples"] == calibrate.STEP_REPEATS
+                                                           for m in by_kind["step"])
+    step = rec["step"]
+    assert step["holds"]["layout"]["dp"] == 2 and step["holds"]["processes"]["devices_per_node"] == 2
+    assert len(step["points"]) == len(measured) and 0 <= step["held_out"]["median"] <= step["held_out"]["worst"]
+    assert [p["seconds"] for p in step["points"]] == [m["median_s"] for m in by_kind["step"]]
     gemms = {(g["gemm"], g["m"], g["n"], g["k"]) for g in by_kind["gemm"]}
     assert gemms == set(calibrate.gemm_shapes(a, seq)) and {m for _, m, _, _ in gemms} >= {seq, 2 * seq, 4 * seq}
     assert ("logits", seq, a.padded_vocab(), a.h) in gemms and all(g["tflops"] > 0 for g in by_kind["gemm"])

@@ -18,7 +18,7 @@ from moe_hydra.planning import rules, search
 from moe_hydra.planning.rules import LayoutError
 from moe_hydra.planning.rules.base import READS, VARIED, Ctx
 from tests.conftest import compose_config
-from tests.data.fixtures import rule_datasets
+from tests.data.fixtures import rule_datasets, write_calibration
 
 OLD = mcore_facts("0.16.1")
 NEW = mcore_facts("0.19.2")
@@ -30,6 +30,10 @@ _DATA_DIR = tempfile.mkdtemp(prefix="moe_hydra_rules_")
 atexit.register(shutil.rmtree, _DATA_DIR, True)
 DS = rule_datasets(_DATA_DIR)
 MEGATRON = ("stage=run", "data.kind=megatron")
+# calibration.json files (K01): this CPU's, and one measured with another implementation
+CAL = write_calibration(Path(_DATA_DIR) / "cal.json", resolve(compose_config()))
+CAL_FLASH = write_calibration(Path(_DATA_DIR) / "cal_flash.json", resolve(compose_config()),
+                              implementation={**dataclasses.asdict(resolve(compose_config()).impl), "attention": "flash"})
 
 # (rule, overrides, regex the message must match). Invalid inputs show their arithmetic inline.
 CASES = [
@@ -182,6 +186,12 @@ CASES = [
     ("D06", [*MEGATRON, f"data.path=[{DS['wide']}]"], r"holds token id 2000 .* not below model\.vocab_size=1024"),
     ("D07", [*MEGATRON, f"data.path=[{DS['one_doc']}]", 'data.split="1,1,0"'],
      r"leaves the train split none of the 1 document"),
+    # calibration (K): a file that is none, another device kind, another implementation
+    ("K01", ["hardware.calibration=/nonexistent/calibration.json"], r"calibration\.json: not readable"),
+    ("K01", [f"hardware.calibration={DS['bytes']}.tokenizer.json"], r"not a calibration\.json"),
+    ("K01", [H100, f"hardware.calibration={CAL}"], r"was measured on x86_64 \(hardware=h100_sxm is H100"),
+    ("K01", [f"hardware.calibration={CAL_FLASH}"], r"another implementation: attention \('flash' calibrated, "
+     r"'unfused' here\)"),
 ]
 
 

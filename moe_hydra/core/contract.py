@@ -68,6 +68,7 @@ def build(cfg: Any, r: Any, env: dict[str, Any]) -> dict[str, Any]:
     :class:`~moe_hydra.core.resolved.Resolved`)."""
     contract = {name: dataclasses.asdict(getattr(cfg, name)) for name in SECTIONS}
     contract["data"] = data_section(cfg.data)
+    contract["hardware"].pop("calibration", None)  # what the planner predicts from, not what the arms run
     contract["parallel"] = {**dataclasses.asdict(cfg.parallel), **r.layout.to_megatron()}
     # micro-batches per step follow from the layout (GBS / (MBS x DP)): part of the layout, not the batch
     contract["train"] = {"seq_length": cfg.train.seq_length, "train_iters": cfg.train.train_iters,

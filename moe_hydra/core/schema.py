@@ -221,6 +221,9 @@ class HardwareConfig:
     # calls a one-run-per-arm difference only beyond it (repeated arms measure it instead). Calibrate with
     # benchmarks/decision_quality.py.
     run_to_run_noise: float = 0.02
+    # A calibration.json of this machine (python -m moe_hydra stage=calibrate): stage=plan, the search and tune predict
+    # the step time from what it measured instead of the fitted priors (docs/calibrate.md); null: the priors.
+    calibration: Optional[str] = None
     # The environment every rank of a run gets (NCCL_*, NVTE_*, CUDA_DEVICE_MAX_CONNECTIONS, HybridEP's NUM_OF_*, ...),
     # as NVIDIA's performance recipes set it for this GPU kind; set per key (hardware.env.NCCL_NVLS_ENABLE=1), add
     # one (+hardware.env.NCCL_IB_HCA=mlx5), drop one (~hardware.env.NVTE_FWD_LAYERNORM_SM_MARGIN). It wins over the

@@ -27,7 +27,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ class Measurement:
     seconds: list[float]
     work: float
     unit: str
+    warmup: int = WARMUP  # calls discarded before timing
 
     @property
     def median_s(self) -> float:
@@ -61,6 +62,8 @@ class Measurement:
         bandwidth (GB/s)."""
         if self.kind == "gemm":
             return {"tflops": self.rate(1e12)}
+        if self.kind == "step":
+            return {"tokens_per_s": self.rate()}
         if self.kind == "collective":
             algbw = self.rate(1e9)
             return {"algbw_gb_per_s": algbw,
@@ -69,8 +72,8 @@ class Measurement:
 
     def as_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, **self.params, "median_s": self.median_s, "min_s": min(self.seconds),
-                "max_s": max(self.seconds), "samples": len(self.seconds), "warmup_discarded": WARMUP, "work": self.work,
-                "unit": self.unit, **self.rates()}
+                "max_s": max(self.seconds), "samples": len(self.seconds), "warmup_discarded": self.warmup,
+                "work": self.work, "unit": self.unit, **self.rates()}
 
 
 def timed(call: Callable[[], Any], sync: Callable[[], None] = lambda: None, warmup: int = WARMUP,
@@ -191,9 +194,11 @@ def collective(op: str, nbytes: int, group: Any = None, dtype: Any = None, devic
 
 # ------------------------------------------------------------------------------------------------ the stage's job
 
-CALIBRATION_VERSION = 1
+CALIBRATION_VERSION = 2  # 2: the model's step measured and fitted (``step``)
 CALIBRATION_FILE = "calibration.json"
-MICRO_BATCHES = (1, 2, 4)  # micro-batch sizes whose tokens the GEMMs are measured at (>= 3 shapes)
+MICRO_BATCHES = (1, 2, 4)  # micro-batch sizes whose tokens the steps and GEMMs are measured at (>= 3 shapes)
+DEPTHS = (1, 2)  # decoder layers on each pipeline stage of the shrunken models whose steps are measured
+STEP_WARMUP, STEP_REPEATS = 3, 9  # a model's first steps allocate its buffers and the optimizer's states
 CPU_COLLECTIVE_BYTES = tuple(1 << p for p in range(12, 23, 2))  # 4 KiB .. 4 MiB a rank
 GPU_COLLECTIVE_BYTES = tuple(1 << p for p in range(16, 31, 2))  # 64 KiB .. 1 GiB a rank
 
@@ -228,27 +233,106 @@ def machine(device: Any, world: int) -> dict[str, Any]:
     gpu = getattr(device, "type", "cpu") == "cuda"
     return {"device": torch.cuda.get_device_name(device) if gpu else platform.processor() or platform.machine(),
             "device_type": "cuda" if gpu else "cpu", "processes": world, "host": platform.node(),
-            "cpus": os.cpu_count(), "torch": torch.__version__, "megatron_core": versions.installed_mcore_version(),
+            "cpus": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__, "megatron_core": versions.installed_mcore_version(),
             "cuda": torch.version.cuda if gpu else None}
 
 
-def worker(spec: dict[str, Any]) -> dict[str, Any] | None:
-    """One rank of ``stage=calibrate``: the GEMMs at the model's shapes, the memory bandwidth, and every collective
-    over all the job's processes at sizes across the range; rank 0 writes ``calibration.json`` and returns it."""
+def shrunk(r: Any, layers: int, micro_batch_size: int, seq_length: int, microbatches: int) -> Any:
+    """The plan ``r`` with ``layers`` decoder layers on each pipeline stage (the model's layer kinds in their order,
+    repeated when the model has fewer), micro-batches of ``micro_batch_size`` sequences of ``seq_length`` tokens and
+    ``microbatches`` of them a step: one of the steps :func:`steps` measures. Its layout, widths and settings are
+    ``r``'s; its pipeline split even (no custom first or last stage)."""
+    from moe_hydra.core.arch import parse_moe_layer_freq
+    from moe_hydra.core.resolved import resolve
+
+    cfg, lo = r.cfg, r.layout
+    m, total = cfg.model, layers * lo.pp * (lo.vpp or 1)
+    freq = m.moe_layer_freq
+    if not isinstance(freq, int):
+        kinds = parse_moe_layer_freq(freq, m.num_layers)
+        freq = [int(kinds[i % len(kinds)]) for i in range(total)]
+    model = replace(m, num_layers=total, moe_layer_freq=freq, seq_length=seq_length,
+                    max_position_embeddings=max(m.max_position_embeddings or 0, seq_length))
+    train = replace(cfg.train, micro_batch_size=micro_batch_size, seq_length=seq_length,
+                    global_batch_size=micro_batch_size * lo.dp * microbatches)
+    parallel = replace(cfg.parallel, pipeline_model_parallel_layout=None, num_layers_in_first_pipeline_stage=None,
+                       num_layers_in_last_pipeline_stage=None)
+    return resolve(replace(cfg, model=model, train=train, parallel=parallel), impl=r.impl)
+
+
+def step_shapes(seq_length: int) -> list[tuple[int, int, int, int]]:
+    """(layers a stage, micro-batch size, sequence length, micro-batches a step) of the steps :func:`steps`
+    measures: each depth of :data:`DEPTHS` at micro-batches of 1, 2 and 4 sequences and at one sequence twice as
+    long, one micro-batch a step; and at micro-batches of 1 and 2 sequences, two a step. What is once a step is told
+    apart from what is once a micro-batch by the steps of two, at both depths; each term stays measured by at least
+    two steps, so that every step can be predicted by the others (the held-out check)."""
+    out = [(d, b, seq_length, 1) for d in DEPTHS for b in MICRO_BATCHES]
+    out += [(d, 1, 2 * seq_length, 1) for d in DEPTHS]
+    return out + [(d, b, seq_length, 2) for d in DEPTHS for b in MICRO_BATCHES[:2]]
+
+
+def steps(job: Any, say: Callable[[str], None], repeats: int = STEP_REPEATS) -> list[Measurement]:
+    """The model's training step, as the job times it (Megatron-Core's blocks, forward and backward through its
+    schedule, the optimizer step; the slowest rank's time), on shrunken models of the plan's layout
+    (:func:`step_shapes`): warm-up steps discarded, mock tokens."""
+    import gc
+
     import torch
     import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
 
-    from moe_hydra.core import io
+    from moe_hydra.job.data import MockData
+
+    out = []
+    for layers, mbs, seq, microbatches in step_shapes(job.r.batch.seq_length):
+        r = shrunk(job.r, layers, mbs, seq, microbatches)
+        j = job.for_plan(r)
+        tcfg = j.transformer_config()
+        model, optimizer = j.wrap_and_optimizer(tcfg, j.build_model(tcfg))
+        data = MockData(r.cfg.model.vocab_size, seq, mbs, r.batch.global_batch_size, microbatches, r.cfg.data.seed)
+        forward_step = j._forward_step(data, tcfg)
+        j.memory_phases = None
+        dp_rank = ps.get_data_parallel_rank()
+        seconds = []
+        for i in range(STEP_WARMUP + repeats):
+            batches = [data.batch(i, dp_rank, mb) for mb in range(microbatches)]
+            dist.barrier()
+            wall_ms = j._timed(model, optimizer, forward_step, batches)[0]
+            if i >= STEP_WARMUP:
+                seconds.append(wall_ms / 1e3)
+        slowest = torch.tensor(seconds, dtype=torch.float64, device=j.device)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # a step takes as long as its slowest rank
+        out.append(Measurement("step", {"layers": layers, "pp": r.layout.pp, "micro_batch_size": mbs,
+                                        "seq_length": seq, "microbatches": microbatches},
+                               slowest.tolist(), float(mbs * seq * microbatches * r.layout.dp), "token",
+                               warmup=STEP_WARMUP))
+        say(f"step: {layers} layer(s) a stage, micro-batch {mbs} x {seq} tokens, {microbatches} a step: "
+            f"{out[-1].median_s * 1e3:.1f} ms")
+        del model, optimizer
+        # Megatron-Core's per-layer MoE loss tracker is global, sized by the first model's layers: the next model
+        # has other layers
+        get_moe_layer_wise_logging_tracker().clear()
+        gc.collect()
+    return out
+
+
+def worker(spec: dict[str, Any], job: Any) -> dict[str, Any] | None:
+    """One rank of ``stage=calibrate`` (``job``: this rank's :class:`moe_hydra.job.train.Job` of the plan, not yet
+    started): the model's step at shrunken depths, the GEMMs at the model's shapes, the
+    memory bandwidth, and every collective over all the job's processes at sizes across the range; rank 0 fits the
+    step (:mod:`moe_hydra.core.calibrated_step`), writes ``calibration.json`` and returns it."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    from moe_hydra.core import calibrated_step, io
     from moe_hydra.job.compat import cpu_has_bf16
 
     r = spec["resolved"]
     out_dir = Path(spec["out_dir"])
-    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    gpu = r.cfg.hardware.arch != "cpu"
-    if gpu:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
-    dist.init_process_group("nccl" if gpu else "gloo")
+    job.init_distributed()  # the run's: process group, threads, CPU shims, the plan's meshes
+    rank, world, device, gpu = job.rank, job.world, job.device, job.on_gpu
     t0 = time.perf_counter()
     # the GEMMs' dtype is what the job's run: bf16, in fp32 on a CPU without bf16 GEMMs (moe_hydra.job.compat)
     dtype = torch.bfloat16 if gpu or cpu_has_bf16() else torch.float32
@@ -259,10 +343,13 @@ def worker(spec: dict[str, Any]) -> dict[str, Any] | None:
 
     rows: list[dict[str, Any]] = []
     try:
+        measured = steps(job, say)
+        rows += [m.as_dict() for m in measured]
         for name, m, n, k in gemm_shapes(r.arch, r.batch.seq_length):
             rows.append({**gemm(m, n, k, dtype, device).as_dict(), "gemm": name})
-        say(f"{len(rows)} GEMMs at the model's shapes ({str(dtype).replace('torch.', '')}): "
-            f"{min(x['tflops'] for x in rows):.3g}..{max(x['tflops'] for x in rows):.3g} TFLOP/s")
+        say(f"{len(rows) - len(measured)} GEMMs at the model's shapes ({str(dtype).replace('torch.', '')}): "
+            f"{min(x['tflops'] for x in rows if x['kind'] == 'gemm'):.3g}.."
+            f"{max(x['tflops'] for x in rows if x['kind'] == 'gemm'):.3g} TFLOP/s")
         for numel in ((1 << 22, 1 << 26) if gpu else (1 << 20, 1 << 23)):
             rows.append(memory_bandwidth(numel, dtype, device).as_dict())
         say(f"memory bandwidth: {rows[-1]['gb_per_s']:.3g} GB/s")
@@ -273,14 +360,24 @@ def worker(spec: dict[str, Any]) -> dict[str, Any] | None:
                 say(f"{op} over {world} processes: {rows[-1]['busbw_gb_per_s']:.3g} GB/s bus bandwidth at "
                     f"{rows[-1]['bytes']} B")
     finally:
+        ps.destroy_model_parallel()
         dist.destroy_process_group()
     if rank != 0:
         return None
+    shapes = [calibrated_step.Shape(m.params["pp"], m.params["microbatches"], m.params["layers"],
+                                    m.params["micro_batch_size"] * m.params["seq_length"], m.params["seq_length"])
+              for m in measured]
+    step = {**calibrated_step.derive(shapes, [m.median_s for m in measured]), "holds": calibrated_step.holds(r)}
     record = {"calibration_version": CALIBRATION_VERSION, "machine": machine(device, world),
               "implementation": spec["plan"].get("implementation"), "model": r.cfg.model.name,
-              "measurements": rows, "seconds": time.perf_counter() - t0,
-              "method": {"warmup_discarded": WARMUP, "repeats": REPEATS, "clock": "time.perf_counter, after "
-                         "torch.cuda.synchronize on a GPU", "collective_time": "the slowest rank's"}}
+              "step": step, "measurements": rows, "seconds": time.perf_counter() - t0,
+              "method": {"warmup_discarded": WARMUP, "repeats": REPEATS, "step_warmup_discarded": STEP_WARMUP,
+                         "step_repeats": STEP_REPEATS, "clock": "time.perf_counter, after "
+                         "torch.cuda.synchronize on a GPU", "collective_time": "the slowest rank's",
+                         "step_time": "the slowest rank's, as the job times a step"}}
     io.write_json(record, out_dir / CALIBRATION_FILE)
+    held = step["held_out"]
+    say(f"step fitted on {held['points']} shapes: held out (leave one out) median |ln| {held['median']:.3f}, "
+        f"p90 {held['p90']:.3f}, worst {held['worst']:.3f}")
     say(f"{len(rows)} measurements in {record['seconds']:.1f} s -> {out_dir / CALIBRATION_FILE}")
     return record

@@ -32,6 +32,7 @@ with the conventional code, 128 + the signal's number. A failure writes ``status
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import faulthandler
 import logging
@@ -112,7 +113,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any] | None:
     if r.cfg.stage is Stage.calibrate:  # the same launch (local, warm, Slurm), another job: the machine's rates
         from moe_hydra.job import calibrate
 
-        return calibrate.worker(spec)
+        return calibrate.worker(spec, Job(r, spec["plan"]))
     out_dir = Path(spec["out_dir"])
     rank = int(os.environ.get("RANK", "0"))
     # a native crash (SIGSEGV, SIGBUS, SIGABRT in torch, gloo or a kernel) prints every thread's Python stack to the
@@ -230,7 +231,8 @@ class Job:
 
     # ------------------------------------------------------------------ setup
 
-    def _init_distributed(self) -> None:
+    def init_distributed(self) -> None:
+        """This rank's process group (gloo on the CPU, NCCL on GPUs), threads, CPU shims and both meshes' groups."""
         import torch
         import torch.distributed as dist
 
@@ -249,6 +251,13 @@ class Job:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.device = torch.device("cuda", self.local_rank) if self.on_gpu else torch.device("cpu")
         self.init_model_parallel()
+
+    def for_plan(self, r: Resolved) -> Job:
+        """This rank's job for another plan of the same layout, its process groups kept (stage=calibrate's
+        shrunken models)."""
+        other = copy.copy(self)
+        other.r, other.cfg = r, r.cfg
+        return other
 
     def init_model_parallel(self, **extra) -> None:
         """Both meshes' process groups (``extra``: e.g. ``create_gloo_process_groups=False`` for stage=fit)."""
@@ -403,7 +412,7 @@ class Job:
         import torch.distributed as dist
         from megatron.core import parallel_state as ps
 
-        self._init_distributed()
+        self.init_distributed()
         if self.rank == 0:
             from moe_hydra.core import env
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from moe_hydra.core import contract, flops, overrides, params
+from moe_hydra.core import calibrated_step, contract, flops, overrides, params
 from moe_hydra.core.arch import Arch
 from moe_hydra.core.env import snapshot as env_snapshot
 from moe_hydra.core.resolved import Resolved, resolve
@@ -48,6 +48,8 @@ from moe_hydra.planning import memory, rules, step_model
 
 def _notes(r: Resolved) -> list[str]:
     hw, lo, notes = r.cfg.hardware, r.layout, []
+    if hw.calibration:
+        notes += calibrated_step.other_versions(calibrated_step.load(hw.calibration)[0], hw.calibration)
     if hw.arch == "cpu":
         return notes
     domain = hw.nvlink_domain_size

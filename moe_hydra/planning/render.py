@@ -75,15 +75,25 @@ def plan_table(plan: dict[str, Any]):
     t.add_row("model FLOPs/token", f"{_si(plan['flops_per_token'], 'G')} FLOP ({plan['flops_counter']})")
     if plan.get("flops_per_token_swa"):
         t.add_row("SWA FLOPs/token", f"{_si(plan['flops_per_token_swa'], 'G')} FLOP ({plan['flops_counter_swa']})")
-    st = plan.get("step_time")
-    if st:
+    st = plan.get("step_time") or {}
+    measured = st.get("calibration") if isinstance(st.get("calibration"), dict) else None
+    if measured and not measured["applies"]:
+        t.add_row("calibration", f"{measured['file']} does not hold for this plan: {'; '.join(measured['differences'])}"
+                  + ("" if st.get("seconds") else " (no prediction on this hardware without one)"))
+    if st.get("seconds"):
         mfu = f", MFU {st['mfu']:.1%}" if st["mfu"] is not None else ""
         lo, hi = st["interval_s"]
-        kind = "MoE" if st["interval_of"] == "moe" else "dense"
-        t.add_row("predicted step", f"{st['seconds']:.3f} s ({lo:.3g}-{hi:.3g} s: 90 % of held-out {kind} runs fall in "
-                  f"this range): {st['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, {st['tflops_per_gpu']:.0f} "
-                  f"TFLOP/s/GPU{mfu} "
-                  "(moe_hydra.planning.step_model; a ranking aid)")
+        if st["interval_of"] == "calibration":
+            held = measured["held_out"]
+            where = (f"the calibration's held-out range: p90 |ln| {held['p90']:.2f} over {held['points']} measured "
+                     f"steps, each predicted by the fit of the others")
+            source = f"calibrated on this machine: {measured['file']}, sha256 {measured['sha256'][:12]}"
+        else:
+            where = f"90 % of held-out {'MoE' if st['interval_of'] == 'moe' else 'dense'} runs fall in this range"
+            source = "moe_hydra.planning.step_model; a ranking aid"
+        t.add_row("predicted step", f"{st['seconds']:.3f} s ({lo:.3g}-{hi:.3g} s: {where}): "
+                  f"{st['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, {st['tflops_per_gpu']:.3g} TFLOP/s/GPU{mfu} "
+                  f"({source})")
     _memory_rows(t, plan)
     label = plan["label"] + (f": {'; '.join(plan['label_reasons'])}" if plan["label_reasons"] else "")
     t.add_row("label", label)

@@ -61,3 +61,26 @@ def rule_datasets(root: str | Path) -> dict[str, str]:
     with open(out["mismatch"] + ".bin", "ab") as f:
         f.write(b"\x00\x00")
     return out
+
+
+def write_calibration(path: str | Path, r, machine: dict | None = None, implementation: dict | None = None,
+                      coefficients: dict | None = None) -> str:
+    """A calibration.json as ``stage=calibrate`` writes it for the resolved plan ``r`` (a CPU, 1 process, its
+    implementation, what its step holds for), without measuring: the rules' and the plan's input.
+    ``coefficients``: the fitted step's (10 ms a step and 5 ms a layer when None)."""
+    from dataclasses import asdict
+
+    from moe_hydra.core import calibrated_step
+
+    impl = {**asdict(r.impl), "cuda_graph_scope": list(r.impl.cuda_graph_scope)}
+    record = {"calibration_version": 2,
+              "machine": machine or {"device": "x86_64", "device_type": "cpu", "processes": 1, "torch": None,
+                                     "megatron_core": None},
+              "implementation": implementation or impl, "model": r.cfg.model.name,
+              "step": {"form": calibrated_step.FORM, "holds": calibrated_step.holds(r),
+                       "coefficients": coefficients or {**dict.fromkeys(calibrated_step.TERMS, 0.0),
+                                                        "per_step": 0.01, "per_layer": 0.005},
+                       "held_out": {"median": 0.05, "p90": 0.1, "worst": 0.2, "points": 10}},
+              "measurements": []}
+    Path(path).write_text(json.dumps(record))
+    return str(path)

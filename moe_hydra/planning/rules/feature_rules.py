@@ -6,6 +6,7 @@ Ids follow docs/rules.md. Pure: standard library only.
 
 from __future__ import annotations
 
+import json
 import math
 
 from moe_hydra.planning.rules.base import (COMM_READS, DISPATCHER_READS, Ctx, V, _divisors, _ep_choices, _fmt, _here,
@@ -501,3 +502,35 @@ def d01_d07_data(c: Ctx):
         yield V("D03", str(e), 'data.split="969,30,1"', data__split=d.split)
     if c.cfg.stage == "run":
         yield from _data_files(c, prefixes, path)
+
+
+# --------------------------------------------------------------------------- calibration (K)
+
+@rule(reads="fixed")
+def k01_calibration(c: Ctx):
+    """hardware.calibration: a calibration.json with a fitted step, measured on this plan's device kind with its
+    implementation (the kernels a step runs); one from other software versions is used with a note (plan.py)."""
+    from dataclasses import fields
+
+    from moe_hydra.core import calibrated_step
+    from moe_hydra.core.resolved import Implementation
+
+    path = c.cfg.hardware.calibration
+    if not path:
+        return
+    fix = ("hardware.calibration=<a calibration.json of this machine> (python -m moe_hydra stage=calibrate "
+           "hydra.run.dir=DIR), or hardware.calibration=null")
+    try:
+        cal, _ = calibrated_step.load(path)
+    except ValueError as e:
+        yield V("K01", str(e), fix, hardware__calibration=path)
+        return
+    other = calibrated_step.other_device(cal.get("machine") or {}, c.cfg.hardware)
+    if other:
+        yield V("K01", f"hardware.calibration {path} was measured on {other}", fix, hardware__calibration=path)
+    impl = {f.name: getattr(c.r.impl, f.name) for f in fields(Implementation) if f.name != "source"}
+    calibrated = {k: v for k, v in (cal.get("implementation") or {}).items() if k != "source"}
+    differ = calibrated_step.differences(calibrated, json.loads(json.dumps(impl)))
+    if differ:
+        yield V("K01", f"hardware.calibration {path} was measured with another implementation: {'; '.join(differ)}",
+                fix, hardware__calibration=path)

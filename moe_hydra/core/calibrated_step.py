@@ -1,0 +1,213 @@
+"""The step time measured on its own machine: ``stage=calibrate`` times the model's real training step (Megatron-Core's
+blocks, forward + backward through its pipeline schedule, the optimizer step) at shrunken depths and several token
+shapes, fits the form below, and ``stage=plan`` with ``hardware.calibration=FILE`` reads the fit back (docs/calibrate.md).
+
+A step of a layout with pipeline size PP, M micro-batches per step and l layers on each pipeline stage, a
+micro-batch holding t tokens of sequences s long, takes
+
+    T = per_step + per_step_layer l
+        + (M + PP - 1) (per_microbatch + per_microbatch_token t + l (per_layer + per_layer_token t + per_layer_token_seq t s))
+
+- ``per_step``, ``per_step_layer``: once a step, the optimizer step and the gradients' reduction over the
+  data-parallel group (their work grows with the parameters, so with the layers);
+- ``M + PP - 1``: the 1F1B schedule's slots, each one micro-batch's forward and backward on one stage (PP - 1 of
+  them the pipeline's fill and drain);
+- ``per_microbatch``, ``per_microbatch_token``: the embedding, the logits and the loss of a micro-batch, and its
+  fixed host cost (the schedule, the data);
+- ``per_layer``, ``per_layer_token``, ``per_layer_token_seq``: one layer's forward and backward — its host cost
+  (module calls, kernel launches, the router's syncs), its GEMMs, element-wise kernels and communication (per
+  token), its core attention (per token and key).
+
+The coefficients are fitted by non-negative least squares on the relative error (each measured point weighs the
+same, whatever its time: ``scipy.optimize.nnls``), and judged on points the fit did not see: each point predicted
+by the fit of all the others (leave one out). That held-out error, not the fit's, is the interval a plan states.
+
+A calibration holds for what it measured: one model's widths, one layout, one implementation and the settings that
+change what a layer runs (:func:`holds`); its depth, micro-batch size, sequence length and micro-batches per step
+are what the form extrapolates over.
+
+Pure: the standard library; scipy inside :func:`fit`.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+TERMS = ("per_step", "per_step_layer", "per_microbatch", "per_microbatch_token", "per_layer", "per_layer_token",
+         "per_layer_token_seq")
+FORM = ("T = per_step + per_step_layer l + (M + PP - 1) (per_microbatch + per_microbatch_token t "
+        "+ l (per_layer + per_layer_token t + per_layer_token_seq t s))")
+# model keys the fit extrapolates over (the rest of the model, its widths, is what it holds for)
+MODEL_VARIED = ("name", "num_layers", "seq_length", "max_position_embeddings", "moe_layer_freq")
+# config nodes that change what a layer runs: a calibration holds for their values
+SETTINGS_HELD = ("precision", "recompute", "dispatcher", "routing", "kernels", "overlap", "offload")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One measured (or predicted) step: pipeline size, micro-batches per step, layers on a stage, tokens per
+    micro-batch, sequence length."""
+
+    pp: int
+    microbatches: int
+    layers: int
+    tokens: int
+    seq: int
+
+    @property
+    def slots(self) -> int:
+        return self.microbatches + self.pp - 1
+
+    def features(self) -> list[float]:
+        """The form's terms at this shape, each coefficient's multiplier (in :data:`TERMS`' order)."""
+        k, l, t = self.slots, self.layers, self.tokens
+        return [1.0, l, k, k * t, k * l, k * l * t, k * l * t * self.seq]
+
+
+def predict(coefficients: dict[str, float], shape: Shape) -> tuple[float, dict[str, float]]:
+    """Seconds a step of ``shape`` takes, and the parts: ``optimizer`` (once a step), ``microbatch`` (embedding,
+    logits, loss), ``layers`` (the stage's layers), over the schedule's slots."""
+    f = dict(zip(TERMS, shape.features()))
+    part = {name: coefficients[name] * f[name] for name in TERMS}
+    terms = {"optimizer": part["per_step"] + part["per_step_layer"],
+             "microbatch": part["per_microbatch"] + part["per_microbatch_token"],
+             "layers": part["per_layer"] + part["per_layer_token"] + part["per_layer_token_seq"]}
+    return sum(terms.values()), terms
+
+
+def fit(shapes: list[Shape], seconds: list[float]) -> dict[str, float]:
+    """The coefficients (seconds per unit of each term, >= 0) that best predict ``seconds``, relative error."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    a = np.array([[x / s for x in sh.features()] for sh, s in zip(shapes, seconds)])
+    scale = a.max(axis=0)
+    scale[scale == 0] = 1.0
+    solution, _ = nnls(a / scale, np.ones(len(seconds)))
+    return {name: float(c) for name, c in zip(TERMS, solution / scale)}
+
+
+def held_out(shapes: list[Shape], seconds: list[float]) -> list[float]:
+    """|ln(predicted / measured)| of each point, predicted by the fit of the others."""
+    errors = []
+    for i in range(len(shapes)):
+        c = fit(shapes[:i] + shapes[i + 1:], seconds[:i] + seconds[i + 1:])
+        errors.append(abs(math.log(max(predict(c, shapes[i])[0], 1e-12) / seconds[i])))
+    return errors
+
+
+def summary(errors: list[float]) -> dict[str, Any]:
+    """Median, 90th percentile (nearest rank) and worst of held-out |ln| errors."""
+    ranked = sorted(errors)
+    return {"median": statistics.median(ranked), "p90": ranked[min(len(ranked) - 1, math.ceil(0.9 * len(ranked)) - 1)],
+            "worst": ranked[-1], "points": len(ranked)}
+
+
+def derive(shapes: list[Shape], seconds: list[float]) -> dict[str, Any]:
+    """calibration.json's ``step``: the form, its coefficients fitted on every point, and their held-out error."""
+    errors = held_out(shapes, seconds)
+    return {"form": FORM, "coefficients": fit(shapes, seconds), "held_out": summary(errors),
+            "held_out_method": "leave one point out: each point predicted by the fit of the others",
+            "points": [{**asdict(sh), "seconds": s, "held_out_abs_ln": e}
+                       for sh, s, e in zip(shapes, seconds, errors)]}
+
+
+def shape_of(r: Any) -> Shape:
+    """A resolved plan's step, in the form's terms: its most-loaded pipeline stage's decoder layers."""
+    layers = max((len(x.layers) for x in r.split), default=0) if r.split else r.arch.num_layers // r.layout.pp
+    return Shape(r.layout.pp, r.batch.micro_batches_per_step, layers, r.batch.micro_batch_size * r.batch.seq_length,
+                 r.batch.seq_length)
+
+
+def holds(r: Any) -> dict[str, Any]:
+    """What a calibration measured on ``r`` holds for: the model's widths, the layout, the processes, the
+    implementation and the settings that change what a layer runs (:data:`SETTINGS_HELD`)."""
+    cfg, lo = r.cfg, r.layout
+    model = {k: v for k, v in asdict(cfg.model).items() if k not in MODEL_VARIED}
+    return json.loads(json.dumps({
+        "model": model, "layout": {"tp": lo.tp, "cp": lo.cp, "ep": lo.ep, "etp": lo.etp, "pp": lo.pp, "vpp": lo.vpp,
+                                   "dp": lo.dp},
+        "processes": {"nodes": cfg.hardware.nodes, "devices_per_node": cfg.hardware.devices_per_node},
+        "implementation": {k: v for k, v in asdict(r.impl).items() if k != "source"},
+        **{name: asdict(getattr(cfg, name)) for name in SETTINGS_HELD}}, default=str))
+
+
+def differences(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """The dotted keys whose values differ between two nested dicts (``a``: the calibration's)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in dict.fromkeys([*a, *b]) for d in differences(a.get(k), b.get(k), f"{prefix}{k}.")]
+    return [] if a == b else [f"{prefix.rstrip('.')} ({a!r} calibrated, {b!r} here)"]
+
+
+def other_device(machine: dict[str, Any], hardware: Any) -> str | None:
+    """How the calibrated machine's device kind differs from the plan's hardware (None: the same kind): a CPU for a
+    CPU preset; for a GPU preset, a GPU whose name holds the preset's (``H200`` of "H200 SXM 141GB" in
+    "NVIDIA H200")."""
+    calibrated = machine.get("device_type")
+    if hardware.arch == "cpu":
+        return None if calibrated == "cpu" else f"a {machine.get('device')} (hardware={hardware.name} is a CPU)"
+    kind = str(hardware.device).split()[0].lower()
+    if calibrated != "cuda" or kind not in str(machine.get("device", "")).lower():
+        return f"{machine.get('device')} (hardware={hardware.name} is {hardware.device})"
+    return None
+
+
+def other_versions(cal: dict[str, Any], path: str) -> list[str]:
+    """A note for each software version the calibration was measured with that differs from this install's (torch,
+    megatron-core): the calibration is used, its kernels may have changed since."""
+    from moe_hydra.core.versions import installed_mcore_version
+
+    machine, notes = cal.get("machine") or {}, []
+    for name, here in (("torch", _installed("torch")), ("megatron_core", installed_mcore_version())):
+        there = machine.get(name)
+        if there and here and there.split("+")[0] != here.split("+")[0]:
+            notes.append(f"hardware.calibration {path} was measured with {name} {there}, this install has {here}: "
+                         "its step times may have moved since (calibrate again: stage=calibrate)")
+    return notes
+
+
+def _installed(distribution: str) -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def load(path: str | Path) -> tuple[dict[str, Any], str]:
+    """A calibration.json and its sha256, read once per version of the file (the rules and the plan read it, the
+    layout search for every candidate). Do not change what it returns.
+
+    Raises:
+        ValueError: not readable, or not a calibration with a fitted step (the message says which).
+    """
+    p = Path(path)
+    try:
+        stat = p.stat()
+    except OSError as e:
+        raise ValueError(f"{p}: not readable ({e.strerror or type(e).__name__})") from None
+    return _load(str(p.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _load(path: str, mtime_ns: int, size: int) -> tuple[dict[str, Any], str]:
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+        cal = json.loads(raw)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{p}: not readable ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    if not isinstance(cal, dict) or "calibration_version" not in cal:
+        raise ValueError(f"{p}: not a calibration.json (no calibration_version): make one with stage=calibrate")
+    if not isinstance((cal.get("step") or {}).get("coefficients"), dict):
+        raise ValueError(f"{p}: holds no fitted step (calibration_version {cal.get('calibration_version')}): "
+                         "calibrate again with this version (stage=calibrate)")
+    return cal, hashlib.sha256(raw).hexdigest()

@@ -1,0 +1,111 @@
+"""The step measured on its own machine (moe_hydra.core.calibrated_step): the form recovers known coefficients from
+noisy steps and predicts shapes it never saw, its held-out error is the one the plan states, and stage=plan with
+hardware.calibration predicts from the file, or says where the file does not hold for the plan."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+
+from moe_hydra.core import calibrated_step as cs
+from moe_hydra.core.resolved import resolve
+from moe_hydra.planning.plan import make_plan
+from tests.conftest import compose_config
+from moe_hydra.job.calibrate import step_shapes
+from tests.data.fixtures import write_calibration
+
+TRUE = {"per_step": 0.020, "per_step_layer": 0.004, "per_microbatch": 0.006, "per_microbatch_token": 2e-5,
+        "per_layer": 0.008, "per_layer_token": 4e-5, "per_layer_token_seq": 5e-8}
+# the steps stage=calibrate measures, at the default's 128 tokens a sequence
+MEASURED = [cs.Shape(1, m, l, b * s, s) for l, b, s, m in step_shapes(128)]
+
+
+def test_the_fit_recovers_known_coefficients_and_predicts_unseen_shapes():
+    """Steps made by known coefficients with 3 % noise: the fit predicts shapes it never saw (deeper, more
+    micro-batches, a pipeline) within a few per cent, where a fit of a wrong form (no per-layer term) would not."""
+    rng = random.Random(0)
+    seconds = [cs.predict(TRUE, sh)[0] * math.exp(rng.gauss(0, 0.03)) for sh in MEASURED]
+    fitted = cs.fit(MEASURED, seconds)
+    assert all(c >= 0 for c in fitted.values())
+    unseen = [cs.Shape(1, 4, 8, 512, 128), cs.Shape(1, 8, 2, 256, 256), cs.Shape(2, 4, 4, 512, 128)]
+    for sh in unseen:
+        true, pred = cs.predict(TRUE, sh)[0], cs.predict(fitted, sh)[0]
+        assert abs(math.log(pred / true)) < 0.10, (sh, pred, true)
+    flat = {**fitted, "per_layer": 0.0, "per_layer_token": 0.0, "per_layer_token_seq": 0.0}
+    assert abs(math.log(cs.predict(flat, unseen[0])[0] / cs.predict(TRUE, unseen[0])[0])) > 0.5
+
+
+def test_the_held_out_error_is_each_point_predicted_without_it():
+    """Exact steps: every point predicted by the others within rounding; one step 40 % off: its own held-out error
+    is about ln 1.4, and the summary's worst says so."""
+    exact = [cs.predict(TRUE, sh)[0] for sh in MEASURED]
+    assert max(cs.held_out(MEASURED, exact)) < 1e-6
+    off = list(exact)
+    off[4] *= 1.4
+    errors = cs.held_out(MEASURED, off)
+    assert errors[4] > 0.2 and cs.summary(errors)["worst"] == max(errors) and cs.summary(errors)["points"] == len(MEASURED)
+    d = cs.derive(MEASURED, off)
+    assert d["held_out"]["worst"] == max(errors) and len(d["points"]) == len(MEASURED) and set(d["coefficients"]) == set(cs.TERMS)
+
+
+def test_the_schedule_counts_fill_and_drain_slots():
+    """PP 4 with 8 micro-batches: 11 slots of a stage's micro-batch, the optimizer once."""
+    one = cs.predict(TRUE, cs.Shape(1, 1, 2, 256, 128))
+    piped = cs.predict(TRUE, cs.Shape(4, 8, 2, 256, 128))
+    assert piped[1]["layers"] == pytest.approx(11 * one[1]["layers"])
+    assert piped[1]["optimizer"] == pytest.approx(one[1]["optimizer"])
+
+
+def test_differences_name_every_key_that_differs():
+    assert cs.differences({"a": 1, "b": {"c": 2, "d": 3}}, {"a": 1, "b": {"c": 5}}) == [
+        "b.c (2 calibrated, 5 here)", "b.d (3 calibrated, None here)"]
+
+
+def test_a_plan_with_a_calibration_predicts_from_it(tmp_path):
+    """stage=plan of the default with a calibration of it: step_time is the file's fit at the plan's shape, its
+    interval the file's held-out p90, and it names the file and its hash; deeper and with more micro-batches it
+    grows by the form's terms."""
+    r = resolve(compose_config())
+    coefficients = {**TRUE}
+    path = write_calibration(tmp_path / "cal.json", r, coefficients=coefficients)
+    plan = make_plan(resolve(compose_config(f"hardware.calibration={path}")))
+    st = plan["step_time"]
+    expected = cs.predict(coefficients, cs.Shape(1, 1, 2, 4 * 128, 128))[0]
+    assert st["seconds"] == pytest.approx(expected) and st["interval_of"] == "calibration"
+    assert st["interval_s"] == pytest.approx([expected / math.exp(0.1), expected * math.exp(0.1)])
+    assert st["calibration"]["file"] == path and len(st["calibration"]["sha256"]) == 64 and st["calibration"]["applies"]
+    deeper = make_plan(resolve(compose_config(f"hardware.calibration={path}", "model.num_layers=6",
+                                              "train.global_batch_size=16")))["step_time"]
+    assert deeper["seconds"] == pytest.approx(cs.predict(coefficients, cs.Shape(1, 4, 6, 512, 128))[0])
+    assert plan["contract"] == make_plan(r)["contract"]  # the planner's input, not what the arms run
+
+
+def test_a_calibration_that_does_not_hold_for_the_plan_says_where(tmp_path):
+    """Calibrated on one process, planned on two with EP 2: no prediction from it, and the plan names the layout
+    and the processes that differ; the priors' prediction stays where there is one (a GPU preset)."""
+    path = write_calibration(tmp_path / "cal.json", resolve(compose_config()))
+    st = make_plan(resolve(compose_config(f"hardware.calibration={path}", "hardware.devices_per_node=2",
+                                          "expert_mesh=ep2")))["step_time"]
+    assert st["seconds"] is None and not st["calibration"]["applies"]
+    assert any(d.startswith("layout.ep (1 calibrated, 2 here)") for d in st["calibration"]["differences"])
+    assert any(d.startswith("processes.devices_per_node") for d in st["calibration"]["differences"])
+
+
+def test_other_software_versions_are_used_with_a_note(tmp_path):
+    r = resolve(compose_config())
+    path = write_calibration(tmp_path / "cal.json", r, machine={"device": "x86_64", "device_type": "cpu",
+                                                               "torch": "1.0.0", "megatron_core": "0.1.0"})
+    plan = make_plan(resolve(compose_config(f"hardware.calibration={path}")))
+    assert plan["step_time"]["seconds"] > 0
+    notes = [n for n in plan["notes"] if "was measured with" in n]
+    assert len(notes) == 2 and "torch 1.0.0" in notes[0] and "megatron_core 0.1.0" in notes[1], plan["notes"]
+
+
+def test_a_file_without_a_fitted_step_is_refused(tmp_path):
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"calibration_version": 1, "machine": {}, "measurements": []}))
+    with pytest.raises(ValueError, match="holds no fitted step"):
+        cs.load(old)

@@ -186,6 +186,9 @@ CASES = [
     ("D06", [*MEGATRON, f"data.path=[{DS['wide']}]"], r"holds token id 2000 .* not below model\.vocab_size=1024"),
     ("D07", [*MEGATRON, f"data.path=[{DS['one_doc']}]", 'data.split="1,1,0"'],
      r"leaves the train split none of the 1 document"),
+    # no TE: Megatron-Core's CheckpointWithoutOutput calls TE's FP8 state whatever the precision (seen on this CPU)
+    ("L75", ["recompute=selective", "recompute.recompute_modules=[core_attn,layernorm]"],
+     r"layernorm recompute needs Transformer Engine"),
     # calibration (K): a file that is none, another device kind, another implementation
     ("K01", ["hardware.calibration=/nonexistent/calibration.json"], r"calibration\.json: not readable"),
     ("K01", [f"hardware.calibration={DS['bytes']}.tokenizer.json"], r"not a calibration\.json"),

@@ -126,6 +126,7 @@ DOMAINS: dict[str, tuple[float, float]] = {
     "tune.validate_steps": (50, MAX_STEPS),
     "bisect.max_trials": (1, 10**4),
     "bisect.max_repeats": (2, 1000),
+    "calibrate.step_repeats": (3, 1000),
     "profile.top": (1, 1000),
     "launcher.timeout_min": (1, 10**6),
     "launcher.cpus_per_task": (1, 64 * K),

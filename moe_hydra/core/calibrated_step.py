@@ -22,9 +22,11 @@ The coefficients are fitted by non-negative least squares on the relative error 
 same, whatever its time: ``scipy.optimize.nnls``), and judged on points the fit did not see: each point predicted
 by the fit of all the others (leave one out). That held-out error, not the fit's, is the interval a plan states.
 
-A calibration holds for what it measured: one model's widths, one layout, one implementation and the settings that
-change what a layer runs (:func:`holds`); its depth, micro-batch size, sequence length and micro-batches per step
-are what the form extrapolates over.
+A calibration holds for what it measured: one model's widths, one implementation, its processes and the settings
+that change what a layer runs (:func:`holds`), on each layout it measured (one fit each, ``layouts``); its depth,
+micro-batch size, sequence length and micro-batches per step are what the form extrapolates over. The other options
+of the variant groups (:data:`VARIANT_GROUPS`: recompute, the dispatcher) are measured on each layout as a factor
+on the layers' time (:func:`variant_factor`), each with its own held-out error.
 
 Pure: the standard library; scipy inside :func:`fit`.
 """
@@ -47,7 +49,10 @@ FORM = ("T = per_step + per_step_layer l + (M + PP - 1) (per_microbatch + per_mi
 # model keys the fit extrapolates over (the rest of the model, its widths, is what it holds for)
 MODEL_VARIED = ("name", "num_layers", "seq_length", "max_position_embeddings", "moe_layer_freq")
 # config nodes that change what a layer runs: a calibration holds for their values
-SETTINGS_HELD = ("precision", "recompute", "dispatcher", "routing", "kernels", "overlap", "offload")
+SETTINGS_HELD = ("precision", "routing", "kernels", "overlap", "offload")
+# config groups whose options a calibration measures on each layout, as a factor on the layers' time
+VARIANT_GROUPS = {"recompute": ("none", "selective", "full"), "dispatcher": ("alltoall", "allgather")}
+LAYOUT_KEYS = ("tp", "cp", "ep", "etp", "pp", "vpp", "dp")
 
 
 @dataclass(frozen=True)
@@ -111,12 +116,40 @@ def summary(errors: list[float]) -> dict[str, Any]:
 
 
 def derive(shapes: list[Shape], seconds: list[float]) -> dict[str, Any]:
-    """calibration.json's ``step``: the form, its coefficients fitted on every point, and their held-out error."""
+    """One layout's fit: the coefficients fitted on every point, and their held-out error."""
     errors = held_out(shapes, seconds)
-    return {"form": FORM, "coefficients": fit(shapes, seconds), "held_out": summary(errors),
-            "held_out_method": "leave one point out: each point predicted by the fit of the others",
+    return {"coefficients": fit(shapes, seconds), "held_out": summary(errors),
             "points": [{**asdict(sh), "seconds": s, "held_out_abs_ln": e}
                        for sh, s, e in zip(shapes, seconds, errors)]}
+
+
+def layer_seconds(coefficients: dict[str, float], shape: Shape) -> float:
+    """The layers' part of a step of ``shape`` (what a variant's factor scales)."""
+    return predict(coefficients, shape)[1]["layers"]
+
+
+def variant_factor(coefficients: dict[str, float], shapes: list[Shape], seconds: list[float],
+                   paired: list[float]) -> dict[str, Any]:
+    """An option of a variant group measured at ``shapes`` (``seconds``), each step paired with the layout's own
+    option measured just before it at the same shape (``paired``: the machine's drift between the two cancels):
+    the factor on the layers' time (their share of the step from the layout's fit, ``coefficients``) that best
+    explains the ratios, least squares; and each step predicted from its pair with the factor of the others (held
+    out)."""
+    share = [layer_seconds(coefficients, sh) / predict(coefficients, sh)[0] for sh in shapes]
+
+    def factor(idx: list[int]) -> float:
+        # T = T_own (1 + (f - 1) share)  =>  T / T_own - 1 = (f - 1) share, one unknown
+        den = sum(share[i] ** 2 for i in idx)
+        return max(1.0 + sum(share[i] * (seconds[i] / paired[i] - 1) for i in idx) / den, 0.0) if den else 1.0
+
+    every = list(range(len(shapes)))
+    errors = []
+    for i in every:
+        f = factor([j for j in every if j != i])
+        errors.append(abs(math.log(max(paired[i] * (1 + (f - 1) * share[i]), 1e-12) / seconds[i])))
+    return {"layer_factor": factor(every), "held_out": summary(errors),
+            "points": [{**asdict(sh), "seconds": s, "paired_seconds": b, "held_out_abs_ln": e}
+                       for sh, s, b, e in zip(shapes, seconds, paired, errors)]}
 
 
 def shape_of(r: Any) -> Shape:
@@ -127,16 +160,66 @@ def shape_of(r: Any) -> Shape:
 
 
 def holds(r: Any) -> dict[str, Any]:
-    """What a calibration measured on ``r`` holds for: the model's widths, the layout, the processes, the
+    """What a calibration measured on ``r`` holds for, whatever its layout: the model's widths, the processes, the
     implementation and the settings that change what a layer runs (:data:`SETTINGS_HELD`)."""
-    cfg, lo = r.cfg, r.layout
+    cfg = r.cfg
     model = {k: v for k, v in asdict(cfg.model).items() if k not in MODEL_VARIED}
-    return json.loads(json.dumps({
-        "model": model, "layout": {"tp": lo.tp, "cp": lo.cp, "ep": lo.ep, "etp": lo.etp, "pp": lo.pp, "vpp": lo.vpp,
-                                   "dp": lo.dp},
-        "processes": {"nodes": cfg.hardware.nodes, "devices_per_node": cfg.hardware.devices_per_node},
-        "implementation": {k: v for k, v in asdict(r.impl).items() if k != "source"},
-        **{name: asdict(getattr(cfg, name)) for name in SETTINGS_HELD}}, default=str))
+    return _plain({"model": model,
+                   "processes": {"nodes": cfg.hardware.nodes, "devices_per_node": cfg.hardware.devices_per_node},
+                   "implementation": {k: v for k, v in asdict(r.impl).items() if k != "source"},
+                   **{name: asdict(getattr(cfg, name)) for name in SETTINGS_HELD}})
+
+
+def layout_of(r: Any) -> dict[str, Any]:
+    """A resolved plan's layout, as a calibration keys its fits."""
+    return {k: getattr(r.layout, k) for k in LAYOUT_KEYS}
+
+
+def describe_layout(lo: dict[str, Any]) -> str:
+    return " ".join(f"{k.upper()}{lo[k]}" for k in LAYOUT_KEYS if lo.get(k) is not None)
+
+
+def group_config(cfg: Any, group: str) -> dict[str, Any]:
+    """A variant group's config node as a calibration records it: its values, the option's name left out (a
+    config that sets the same values under another name runs the same)."""
+    return {k: v for k, v in _plain(asdict(getattr(cfg, group))).items() if k != "name"}
+
+
+def _plain(x: Any) -> Any:
+    return json.loads(json.dumps(x, default=str))
+
+
+def estimate(step: dict[str, Any], r: Any) -> tuple[float, dict[str, float], dict[str, Any]] | list[str]:
+    """A calibration's ``step`` at plan ``r``: (seconds, terms, what it used: the layout's fit, the variants'
+    factors, the held-out error the interval takes), or where the calibration does not hold for ``r``."""
+    differ = differences(step.get("holds") or {}, holds(r))
+    layout = layout_of(r)
+    fitted = next((x for x in step.get("layouts") or [] if x["layout"] == layout), None)
+    if fitted is None:
+        differ.append(f"layout {describe_layout(layout)} (calibrated: "
+                      + ", ".join(describe_layout(x["layout"]) for x in step.get("layouts") or []) + ")")
+    if differ:
+        return differ
+    shape = shape_of(r)
+    seconds, terms = predict(fitted["coefficients"], shape)
+    used, worst_p90 = {"layout": describe_layout(layout), "held_out": fitted["held_out"]}, fitted["held_out"]["p90"]
+    factor = 1.0
+    for group in VARIANT_GROUPS:
+        mine, own = group_config(r.cfg, group), fitted["settings"][group]
+        if mine == own["config"]:
+            continue
+        measured = [v for v in fitted.get("variants") or [] if v["group"] == group]
+        variant = next((v for v in measured if v["config"] == mine), None)
+        if variant is None:
+            return [f"{group}={getattr(r.cfg, group).name} (measured on {describe_layout(layout)}: "
+                    + ", ".join([own["option"], *(v["option"] for v in measured)]) + ")"]
+        factor *= variant["layer_factor"]
+        used[group] = {"option": variant["option"], "layer_factor": variant["layer_factor"],
+                       "held_out": variant["held_out"]}
+        worst_p90 = max(worst_p90, variant["held_out"]["p90"])
+    seconds += (factor - 1) * terms["layers"]
+    terms = {**terms, "layers": terms["layers"] * factor}
+    return seconds, terms, {**used, "p90": worst_p90, "shape": asdict(shape)}
 
 
 def differences(a: Any, b: Any, prefix: str = "") -> list[str]:
@@ -207,7 +290,7 @@ def _load(path: str, mtime_ns: int, size: int) -> tuple[dict[str, Any], str]:
         raise ValueError(f"{p}: not readable ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
     if not isinstance(cal, dict) or "calibration_version" not in cal:
         raise ValueError(f"{p}: not a calibration.json (no calibration_version): make one with stage=calibrate")
-    if not isinstance((cal.get("step") or {}).get("coefficients"), dict):
+    if not isinstance((cal.get("step") or {}).get("layouts"), list):
         raise ValueError(f"{p}: holds no fitted step (calibration_version {cal.get('calibration_version')}): "
                          "calibrate again with this version (stage=calibrate)")
     return cal, hashlib.sha256(raw).hexdigest()

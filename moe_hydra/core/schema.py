@@ -98,9 +98,16 @@ class Stage(str, Enum):
     plan = "plan"  # validate, count, estimate; write plan.json; start nothing
     fit = "fit"  # plan, then build pipeline ranks of the layout with Megatron-Core on a fake process group
     run = "run"  # plan, then train and measure
-    # plan, then measure this machine's rates on the job's processes (GEMMs at the model's shapes, memory bandwidth,
-    # collectives): calibration.json (moe_hydra.job.calibrate)
+    # plan, then measure this machine on the job's processes (the model's step at shrunken depths on each layout,
+    # GEMMs at the model's shapes, memory bandwidth, collectives): calibration.json (moe_hydra.job.calibrate)
     calibrate = "calibrate"
+
+
+class CalibratedLayouts(str, Enum):
+    """The layouts ``stage=calibrate`` measures the model's step on."""
+
+    all = "all"  # every layout of the job's processes the rules let the job run (CP 1, no VPP)
+    plan = "plan"  # the composed one
 
 
 @dataclass(kw_only=True, slots=True)
@@ -563,6 +570,19 @@ class TuneConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class CalibrateConfig:
+    """``stage=calibrate``: what it measures (moe_hydra.job.calibrate, docs/calibrate.md). Not part of the contract."""
+
+    # The layouts whose steps it measures: all (every layout of the job's processes the job can run) | plan.
+    layouts: CalibratedLayouts = CalibratedLayouts.all
+    # Config groups whose other options it measures on each layout too (their cost on the layers' time, as a
+    # factor): recompute (none, selective, full), dispatcher (alltoall, allgather; MoE models).
+    variants: List[str] = field(default_factory=lambda: ["recompute", "dispatcher"])
+    # Timed steps of each measured shape, after 3 discarded.
+    step_repeats: int = 9
+
+
+@dataclass(kw_only=True, slots=True)
 class BisectConfig:
     """``python -m moe_hydra.bisect``: which change made it slow, by delta debugging over the units that separate a
     good configuration from a bad one (moe_hydra.launch.bisect, docs/bisect.md). Not part of the contract."""
@@ -679,6 +699,7 @@ class Config:
     compare: CompareConfig = field(default_factory=CompareConfig)
     tune: TuneConfig = field(default_factory=TuneConfig)
     bisect: BisectConfig = field(default_factory=BisectConfig)
+    calibrate: CalibrateConfig = field(default_factory=CalibrateConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 

@@ -198,7 +198,7 @@ CALIBRATION_VERSION = 2  # 2: the model's step measured and fitted (``step``)
 CALIBRATION_FILE = "calibration.json"
 MICRO_BATCHES = (1, 2, 4)  # micro-batch sizes whose tokens the steps and GEMMs are measured at (>= 3 shapes)
 DEPTHS = (1, 2)  # decoder layers on each pipeline stage of the shrunken models whose steps are measured
-STEP_WARMUP, STEP_REPEATS = 3, 9  # a model's first steps allocate its buffers and the optimizer's states
+STEP_WARMUP = 3  # a model's first steps allocate its buffers and the optimizer's states
 CPU_COLLECTIVE_BYTES = tuple(1 << p for p in range(12, 23, 2))  # 4 KiB .. 4 MiB a rank
 GPU_COLLECTIVE_BYTES = tuple(1 << p for p in range(16, 31, 2))  # 64 KiB .. 1 GiB a rank
 
@@ -237,44 +237,149 @@ def machine(device: Any, world: int) -> dict[str, Any]:
             "cuda": torch.version.cuda if gpu else None}
 
 
-def shrunk(r: Any, layers: int, micro_batch_size: int, seq_length: int, microbatches: int) -> Any:
+def shrunk(r: Any, layers: int, micro_batch_size: int, seq_length: int, microbatches: int,
+           parallel: dict[str, Any] | None = None, settings: dict[str, dict[str, Any]] | None = None) -> Any:
     """The plan ``r`` with ``layers`` decoder layers on each pipeline stage (the model's layer kinds in their order,
     repeated when the model has fewer), micro-batches of ``micro_batch_size`` sequences of ``seq_length`` tokens and
-    ``microbatches`` of them a step: one of the steps :func:`steps` measures. Its layout, widths and settings are
-    ``r``'s; its pipeline split even (no custom first or last stage)."""
+    ``microbatches`` of them a step: one of the steps :func:`steps` measures. ``parallel``: other ``parallel``
+    fields (another layout); ``settings``: other values of config groups (``{"recompute": {...}}``). Its widths and
+    the rest of its settings are ``r``'s; its pipeline split even (no custom first or last stage)."""
     from moe_hydra.core.arch import parse_moe_layer_freq
     from moe_hydra.core.resolved import resolve
 
-    cfg, lo = r.cfg, r.layout
-    m, total = cfg.model, layers * lo.pp * (lo.vpp or 1)
+    cfg = r.cfg
+    par = replace(cfg.parallel, **{"pipeline_model_parallel_layout": None, "num_layers_in_first_pipeline_stage": None,
+                                   "num_layers_in_last_pipeline_stage": None, **(parallel or {})})
+    m, total = cfg.model, layers * par.pipeline_model_parallel_size * (par.virtual_pipeline_model_parallel_size or 1)
     freq = m.moe_layer_freq
     if not isinstance(freq, int):
         kinds = parse_moe_layer_freq(freq, m.num_layers)
         freq = [int(kinds[i % len(kinds)]) for i in range(total)]
     model = replace(m, num_layers=total, moe_layer_freq=freq, seq_length=seq_length,
                     max_position_embeddings=max(m.max_position_embeddings or 0, seq_length))
+    dp = cfg.hardware.nodes * cfg.hardware.devices_per_node // (
+        par.tensor_model_parallel_size * par.context_parallel_size * par.pipeline_model_parallel_size)
     train = replace(cfg.train, micro_batch_size=micro_batch_size, seq_length=seq_length,
-                    global_batch_size=micro_batch_size * lo.dp * microbatches)
-    parallel = replace(cfg.parallel, pipeline_model_parallel_layout=None, num_layers_in_first_pipeline_stage=None,
-                       num_layers_in_last_pipeline_stage=None)
-    return resolve(replace(cfg, model=model, train=train, parallel=parallel), impl=r.impl)
+                    global_batch_size=micro_batch_size * dp * microbatches)
+    groups = {g: replace(getattr(cfg, g), **values) for g, values in (settings or {}).items()}
+    return resolve(replace(cfg, model=model, train=train, parallel=par, **groups), impl=r.impl)
 
 
 def step_shapes(seq_length: int) -> list[tuple[int, int, int, int]]:
     """(layers a stage, micro-batch size, sequence length, micro-batches a step) of the steps :func:`steps`
-    measures: each depth of :data:`DEPTHS` at micro-batches of 1, 2 and 4 sequences and at one sequence twice as
-    long, one micro-batch a step; and at micro-batches of 1 and 2 sequences, two a step. What is once a step is told
-    apart from what is once a micro-batch by the steps of two, at both depths; each term stays measured by at least
-    two steps, so that every step can be predicted by the others (the held-out check)."""
+    measures on each layout: each depth of :data:`DEPTHS` at micro-batches of 1, 2 and 4 sequences and at one
+    sequence twice as long, one micro-batch a step; and at micro-batches of 1 and 2 sequences, two a step. What is
+    once a step is told apart from what is once a micro-batch by the steps of two, at both depths; each term stays
+    measured by at least two steps, so that every step can be predicted by the others (the held-out check)."""
     out = [(d, b, seq_length, 1) for d in DEPTHS for b in MICRO_BATCHES]
     out += [(d, 1, 2 * seq_length, 1) for d in DEPTHS]
     return out + [(d, b, seq_length, 2) for d in DEPTHS for b in MICRO_BATCHES[:2]]
 
 
-def steps(job: Any, say: Callable[[str], None], repeats: int = STEP_REPEATS) -> list[Measurement]:
+def variant_shapes(seq_length: int) -> list[tuple[int, int, int, int]]:
+    """The steps a variant (another recompute level, another dispatcher) is measured at on each layout: both depths
+    at micro-batches of 2 sequences, and the deeper at 4."""
+    return [(DEPTHS[0], 2, seq_length, 1), (DEPTHS[1], 2, seq_length, 1), (DEPTHS[1], 4, seq_length, 1)]
+
+
+def layouts(r: Any) -> list[dict[str, Any]]:
+    """The ``parallel`` fields of each layout :func:`steps` measures (``calibrate.layouts``): the plan's first; with
+    ``all``, then every TP, PP, EP and ETP of the job's processes (CP 1, no VPP, an even split) the rules let the job
+    run on the shrunken model."""
+    from moe_hydra.core.versions import mcore_facts
+    from moe_hydra.planning import rules
+    from moe_hydra.planning.search import Candidate
+
+    lo, mbs = r.layout, r.batch.micro_batch_size
+    own = Candidate(lo.tp, lo.cp, lo.pp, None, lo.ep, lo.etp, mbs, "even").fields()
+    if r.cfg.calibrate.layouts.value == "plan":
+        return [own]
+    world, experts = lo.world_size, r.arch.experts or 1
+    divs = [d for d in range(1, world + 1) if world % d == 0]
+    out, mcore = [own], mcore_facts()
+    for tp in divs:
+        for pp in divs:
+            for ep in (d for d in divs if experts % d == 0):
+                for etp in divs:
+                    if world % (tp * pp) or world % (etp * ep * pp):
+                        continue
+                    fields = Candidate(tp, 1, pp, None, ep, etp, mbs, "even").fields()
+                    if fields not in out and not rules.check(shrunk(r, DEPTHS[0], mbs, r.batch.seq_length, 1,
+                                                                    fields), mcore):
+                        out.append(fields)
+    return out
+
+
+def variants(r: Any) -> list[tuple[str, str, dict[str, Any]]]:
+    """(group, option, its values) of each variant :func:`steps` measures on every layout (``calibrate.variants``):
+    the options of each group other than the plan's own; the dispatcher only for a MoE model. A selective recompute
+    keeps the most of its preset's modules the rules allow here (``moe_act`` needs grouped-GEMM experts, which a CPU
+    has not: ``[core_attn, layernorm]`` there)."""
+    from itertools import combinations
+
+    from moe_hydra.core import calibrated_step, presets
+    from moe_hydra.core.versions import mcore_facts
+    from moe_hydra.planning import rules
+
+    out, seq = [], r.batch.seq_length
+    for group in r.cfg.calibrate.variants:
+        if group == "dispatcher" and not r.arch.experts:
+            continue
+        for option in calibrated_step.VARIANT_GROUPS[group]:
+            values = {k.split(".", 1)[1]: v for k, v in presets.preset(group, option).items()}
+            modules = values.get("recompute_modules") or []
+            for keep in range(len(modules), 0, -1):
+                legal = next((list(c) for c in combinations(modules, keep) if not rules.check(
+                    shrunk(r, DEPTHS[0], 1, seq, 1, None, {group: {**values, "recompute_modules": list(c)}}),
+                    mcore_facts())), None)
+                if legal is not None:
+                    values["recompute_modules"] = legal
+                    break
+            other = replace(r.cfg, **{group: replace(getattr(r.cfg, group), **values)})
+            if calibrated_step.group_config(other, group) != calibrated_step.group_config(r.cfg, group):
+                out.append((group, option, values))
+    return out
+
+
+def steps(job: Any, say: Callable[[str], None]) -> list[dict[str, Any]]:
     """The model's training step, as the job times it (Megatron-Core's blocks, forward and backward through its
-    schedule, the optimizer step; the slowest rank's time), on shrunken models of the plan's layout
-    (:func:`step_shapes`): warm-up steps discarded, mock tokens."""
+    schedule, the optimizer step; the slowest rank's time), on shrunken models: on each layout of :func:`layouts`,
+    at every shape of :func:`step_shapes` with the plan's settings, and at :func:`variant_shapes` with each variant
+    of :func:`variants`, each step after the layout's own at that shape (one the rules refuse on a layout is left
+    out there, and said). Returns, per layout: its ``parallel`` fields, the resolved plan of its first step, and its
+    measurements (a variant's with its ``group`` and ``option``, its pairs with ``group`` and ``paired_with``)."""
+    from megatron.core import parallel_state as ps
+
+    from moe_hydra.core import calibrated_step
+    from moe_hydra.core.versions import mcore_facts
+    from moe_hydra.planning import rules
+
+    r = job.r
+    seq, repeats = r.batch.seq_length, r.cfg.calibrate.step_repeats
+    out = []
+    for fields in layouts(r):
+        first = shrunk(r, DEPTHS[0], 1, seq, 1, fields)
+        ps.destroy_model_parallel()
+        job.for_plan(first).init_model_parallel()
+        rows = [measure_step(job, shrunk(r, *shape, fields), say, repeats) for shape in step_shapes(seq)]
+        for group, option, values in variants(r):
+            planned = [shrunk(r, *shape, fields, {group: values}) for shape in variant_shapes(seq)]
+            refused = rules.check(planned[0], mcore_facts())
+            if refused:
+                say(f"{group}={option} on {first.layout.describe()}: left out ({refused[0].message})")
+                continue
+            for shape, v in zip(variant_shapes(seq), planned):  # each after the layout's own at its shape
+                rows.append({**measure_step(job, shrunk(r, *shape, fields), say, repeats), "paired_with": option,
+                             "group": group})
+                rows.append({**measure_step(job, v, say, repeats), "group": group, "option": option,
+                             "config": calibrated_step.group_config(v.cfg, group)})
+        out.append({"parallel": fields, "resolved": first, "measurements": rows})
+    return out
+
+
+def measure_step(job: Any, r: Any, say: Callable[[str], None], repeats: int) -> dict[str, Any]:
+    """One shrunken plan's step (its model built, wrapped and stepped :data:`STEP_WARMUP` + ``repeats`` times on
+    mock tokens, then freed), as a measurement row."""
     import gc
 
     import torch
@@ -284,37 +389,71 @@ def steps(job: Any, say: Callable[[str], None], repeats: int = STEP_REPEATS) -> 
 
     from moe_hydra.job.data import MockData
 
-    out = []
-    for layers, mbs, seq, microbatches in step_shapes(job.r.batch.seq_length):
-        r = shrunk(job.r, layers, mbs, seq, microbatches)
-        j = job.for_plan(r)
-        tcfg = j.transformer_config()
-        model, optimizer = j.wrap_and_optimizer(tcfg, j.build_model(tcfg))
-        data = MockData(r.cfg.model.vocab_size, seq, mbs, r.batch.global_batch_size, microbatches, r.cfg.data.seed)
-        forward_step = j._forward_step(data, tcfg)
-        j.memory_phases = None
-        dp_rank = ps.get_data_parallel_rank()
-        seconds = []
-        for i in range(STEP_WARMUP + repeats):
-            batches = [data.batch(i, dp_rank, mb) for mb in range(microbatches)]
-            dist.barrier()
-            wall_ms = j._timed(model, optimizer, forward_step, batches)[0]
-            if i >= STEP_WARMUP:
-                seconds.append(wall_ms / 1e3)
-        slowest = torch.tensor(seconds, dtype=torch.float64, device=j.device)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # a step takes as long as its slowest rank
-        out.append(Measurement("step", {"layers": layers, "pp": r.layout.pp, "micro_batch_size": mbs,
-                                        "seq_length": seq, "microbatches": microbatches},
-                               slowest.tolist(), float(mbs * seq * microbatches * r.layout.dp), "token",
-                               warmup=STEP_WARMUP))
-        say(f"step: {layers} layer(s) a stage, micro-batch {mbs} x {seq} tokens, {microbatches} a step: "
-            f"{out[-1].median_s * 1e3:.1f} ms")
-        del model, optimizer
-        # Megatron-Core's per-layer MoE loss tracker is global, sized by the first model's layers: the next model
-        # has other layers
-        get_moe_layer_wise_logging_tracker().clear()
-        gc.collect()
-    return out
+    j = job.for_plan(r)
+    tcfg = j.transformer_config()
+    model, optimizer = j.wrap_and_optimizer(tcfg, j.build_model(tcfg))
+    b = r.batch
+    data = MockData(r.cfg.model.vocab_size, b.seq_length, b.micro_batch_size, b.global_batch_size,
+                    b.micro_batches_per_step, r.cfg.data.seed)
+    forward_step = j._forward_step(data, tcfg)
+    j.memory_phases = None
+    dp_rank = ps.get_data_parallel_rank()
+    seconds = []
+    for i in range(STEP_WARMUP + repeats):
+        batches = [data.batch(i, dp_rank, mb) for mb in range(b.micro_batches_per_step)]
+        dist.barrier()
+        wall_ms = j._timed(model, optimizer, forward_step, batches)[0]
+        if i >= STEP_WARMUP:
+            seconds.append(wall_ms / 1e3)
+    slowest = torch.tensor(seconds, dtype=torch.float64, device=j.device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # a step takes as long as its slowest rank
+    layers = max(len(x.layers) for x in r.split)
+    m = Measurement("step", {"layout": r.layout.describe(), "layers": layers, "pp": r.layout.pp,
+                             "micro_batch_size": b.micro_batch_size, "seq_length": b.seq_length,
+                             "microbatches": b.micro_batches_per_step},
+                    slowest.tolist(), float(b.tokens_per_step), "token", warmup=STEP_WARMUP)
+    say(f"step on {r.layout.describe()}: {layers} layer(s) a stage, micro-batch {b.micro_batch_size} x "
+        f"{b.seq_length} tokens, {b.micro_batches_per_step} a step"
+        + (f", {r.cfg.recompute.name} recompute" if r.cfg.recompute.recompute_granularity else "")
+        + f", {r.cfg.dispatcher.name}: {m.median_s * 1e3:.1f} ms")
+    del model, optimizer
+    # Megatron-Core's per-layer MoE loss tracker is global, sized by the first model's layers: the next model may
+    # have other layers
+    get_moe_layer_wise_logging_tracker().clear()
+    gc.collect()
+    return m.as_dict()
+
+
+def fit_steps(measured: list[dict[str, Any]], r: Any) -> dict[str, Any]:
+    """calibration.json's ``step`` from :func:`steps`' rows: per layout, the form fitted on its plan-settings steps
+    (:func:`moe_hydra.core.calibrated_step.derive`) and each variant's factor on the layers' time."""
+    from moe_hydra.core import calibrated_step as cs
+
+    def shape(row: dict[str, Any]) -> cs.Shape:
+        return cs.Shape(row["pp"], row["microbatches"], row["layers"], row["micro_batch_size"] * row["seq_length"],
+                        row["seq_length"])
+
+    fitted = []
+    for lay in measured:
+        own = [x for x in lay["measurements"] if "group" not in x]  # the fit's; a variant's pairs apart
+        entry = {"layout": cs.layout_of(lay["resolved"]), "parallel": lay["parallel"],
+                 "settings": {g: {"option": getattr(r.cfg, g).name, "config": cs.group_config(r.cfg, g)}
+                              for g in cs.VARIANT_GROUPS},
+                 **cs.derive([shape(x) for x in own], [x["median_s"] for x in own]), "variants": []}
+        options = dict.fromkeys((x["group"], x["option"]) for x in lay["measurements"] if "option" in x)
+        for group, option in options:
+            rows = [x for x in lay["measurements"] if x.get("group") == group and x.get("option") == option]
+            pairs = [x for x in lay["measurements"] if x.get("group") == group and x.get("paired_with") == option]
+            entry["variants"].append({"group": group, "option": option, "config": rows[0]["config"],
+                                      **cs.variant_factor(entry["coefficients"], [shape(x) for x in rows],
+                                                          [x["median_s"] for x in rows],
+                                                          [x["median_s"] for x in pairs])})
+        fitted.append(entry)
+    every = [p["held_out_abs_ln"] for e in fitted for p in e["points"]]
+    every += [p["held_out_abs_ln"] for e in fitted for v in e["variants"] for p in v["points"]]
+    return {"form": cs.FORM, "held_out_method": "leave one step out: each measured step predicted by the fit (or the "
+            "variant's factor) of the others on its layout", "held_out": cs.summary(every),
+            "holds": cs.holds(r), "layouts": fitted}
 
 
 def worker(spec: dict[str, Any], job: Any) -> dict[str, Any] | None:
@@ -344,10 +483,13 @@ def worker(spec: dict[str, Any], job: Any) -> dict[str, Any] | None:
     rows: list[dict[str, Any]] = []
     try:
         measured = steps(job, say)
-        rows += [m.as_dict() for m in measured]
+        rows += [x for lay in measured for x in lay["measurements"]]
+        ps.destroy_model_parallel()
+        job.init_model_parallel()  # the plan's meshes again
+        steps_measured = len(rows)
         for name, m, n, k in gemm_shapes(r.arch, r.batch.seq_length):
             rows.append({**gemm(m, n, k, dtype, device).as_dict(), "gemm": name})
-        say(f"{len(rows) - len(measured)} GEMMs at the model's shapes ({str(dtype).replace('torch.', '')}): "
+        say(f"{len(rows) - steps_measured} GEMMs at the model's shapes ({str(dtype).replace('torch.', '')}): "
             f"{min(x['tflops'] for x in rows if x['kind'] == 'gemm'):.3g}.."
             f"{max(x['tflops'] for x in rows if x['kind'] == 'gemm'):.3g} TFLOP/s")
         for numel in ((1 << 22, 1 << 26) if gpu else (1 << 20, 1 << 23)):
@@ -364,20 +506,20 @@ def worker(spec: dict[str, Any], job: Any) -> dict[str, Any] | None:
         dist.destroy_process_group()
     if rank != 0:
         return None
-    shapes = [calibrated_step.Shape(m.params["pp"], m.params["microbatches"], m.params["layers"],
-                                    m.params["micro_batch_size"] * m.params["seq_length"], m.params["seq_length"])
-              for m in measured]
-    step = {**calibrated_step.derive(shapes, [m.median_s for m in measured]), "holds": calibrated_step.holds(r)}
+    step = fit_steps(measured, r)
     record = {"calibration_version": CALIBRATION_VERSION, "machine": machine(device, world),
               "implementation": spec["plan"].get("implementation"), "model": r.cfg.model.name,
               "step": step, "measurements": rows, "seconds": time.perf_counter() - t0,
               "method": {"warmup_discarded": WARMUP, "repeats": REPEATS, "step_warmup_discarded": STEP_WARMUP,
-                         "step_repeats": STEP_REPEATS, "clock": "time.perf_counter, after "
+                         "step_repeats": r.cfg.calibrate.step_repeats, "clock": "time.perf_counter, after "
                          "torch.cuda.synchronize on a GPU", "collective_time": "the slowest rank's",
                          "step_time": "the slowest rank's, as the job times a step"}}
     io.write_json(record, out_dir / CALIBRATION_FILE)
-    held = step["held_out"]
-    say(f"step fitted on {held['points']} shapes: held out (leave one out) median |ln| {held['median']:.3f}, "
-        f"p90 {held['p90']:.3f}, worst {held['worst']:.3f}")
+    for lay in step["layouts"]:
+        held = lay["held_out"]
+        say(f"step on {calibrated_step.describe_layout(lay['layout'])} fitted on {held['points']} steps: held out "
+            f"(each step predicted by the others) median |ln| {held['median']:.3f}, p90 {held['p90']:.3f}, worst "
+            f"{held['worst']:.3f}" + "".join(f"; {v['group']}={v['option']} x{v['layer_factor']:.2f} on the layers "
+                                             f"(worst {v['held_out']['worst']:.3f})" for v in lay["variants"]))
     say(f"{len(rows)} measurements in {record['seconds']:.1f} s -> {out_dir / CALIBRATION_FILE}")
     return record

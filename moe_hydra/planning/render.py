@@ -84,9 +84,8 @@ def plan_table(plan: dict[str, Any]):
         mfu = f", MFU {st['mfu']:.1%}" if st["mfu"] is not None else ""
         lo, hi = st["interval_s"]
         if st["interval_of"] == "calibration":
-            held = measured["held_out"]
-            where = (f"the calibration's held-out range: p90 |ln| {held['p90']:.2f} over {held['points']} measured "
-                     f"steps, each predicted by the fit of the others")
+            where = (f"the calibration's held-out range on {measured['layout']}: p90 |ln| {measured['p90']:.2f}, "
+                     "each measured step predicted by the fit of the others")
             source = f"calibrated on this machine: {measured['file']}, sha256 {measured['sha256'][:12]}"
         else:
             where = f"90 % of held-out {'MoE' if st['interval_of'] == 'moe' else 'dense'} runs fall in this range"

@@ -80,7 +80,6 @@ Pure: standard library only.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
 from typing import Any
 
 from moe_hydra.core import calibrated_step, flops, metrics, step_model_fit
@@ -156,28 +155,27 @@ def priors(r: Resolved, dense_params: int, expert_params: int, flops_per_token: 
 
 
 def calibrated(r: Resolved, flops_per_token: float) -> dict[str, Any]:
-    """``plan.json``'s ``step_time`` from ``hardware.calibration`` (:mod:`moe_hydra.core.calibrated_step`): the fitted
-    step of this machine at the plan's depth, micro-batch, sequence and micro-batches per step, its parts, and the
-    range the calibration's held-out error spans (x / exp(p90) to x exp(p90)); ``calibration`` names the file, its
-    sha256 and the machine. ``seconds`` None when the calibration does not hold for the plan (``differences`` says
-    where it differs: another model's widths, layout, processes or settings). The rules (K01) refused a file that
+    """``plan.json``'s ``step_time`` from ``hardware.calibration`` (:mod:`moe_hydra.core.calibrated_step`): the fit of
+    this machine's steps on the plan's layout at its depth, micro-batch, sequence and micro-batches per step (times
+    the measured factor of its recompute and dispatcher where they are not the layout's own), its parts, and the
+    range the held-out error of what it used spans (x / exp(p90) to x exp(p90)); ``calibration`` names the file, its
+    sha256, the machine and what it used. ``seconds`` None when the calibration does not hold for the plan
+    (``differences``: another model's widths, processes, layout or settings). The rules (K01) refused a file that
     is unreadable or from another device kind or implementation."""
     cfg = r.cfg
     cal, sha = calibrated_step.load(cfg.hardware.calibration)
-    step = cal["step"]
     named = {"file": str(cfg.hardware.calibration), "sha256": sha, "machine": cal.get("machine"),
-             "model": cal.get("model"), "held_out": step.get("held_out")}
-    differ = calibrated_step.differences(step.get("holds") or {}, calibrated_step.holds(r))
-    if differ:
-        return {"seconds": None, "calibration": {**named, "applies": False, "differences": differ}}
-    shape = calibrated_step.shape_of(r)
-    seconds, terms = calibrated_step.predict(step["coefficients"], shape)
-    spread = math.exp(step["held_out"]["p90"])
+             "model": cal.get("model")}
+    estimate = calibrated_step.estimate(cal["step"], r)
+    if isinstance(estimate, list):
+        return {"seconds": None, "calibration": {**named, "applies": False, "differences": estimate}}
+    seconds, terms, used = estimate
+    spread = math.exp(used["p90"])
     world, tokens = r.layout.world_size, r.batch.tokens_per_step
     peak, _ = metrics.peak_tflops(cfg.hardware, cfg.precision)
     tflops = flops_per_token * tokens / (seconds * world * 1e12)
     return {"seconds": seconds, "interval_s": [seconds / spread, seconds * spread], "interval_of": "calibration",
-            "terms": terms, "calibration": {**named, "applies": True, "shape": asdict(shape)},
+            "terms": terms, "calibration": {**named, "applies": True, **used},
             "tokens_per_s_per_gpu": tokens / (seconds * world), "tflops_per_gpu": tflops,
             "mfu": tflops / peak if peak else None}
 

@@ -64,23 +64,26 @@ def rule_datasets(root: str | Path) -> dict[str, str]:
 
 
 def write_calibration(path: str | Path, r, machine: dict | None = None, implementation: dict | None = None,
-                      coefficients: dict | None = None) -> str:
+                      coefficients: dict | None = None, variants: list | None = None) -> str:
     """A calibration.json as ``stage=calibrate`` writes it for the resolved plan ``r`` (a CPU, 1 process, its
-    implementation, what its step holds for), without measuring: the rules' and the plan's input.
-    ``coefficients``: the fitted step's (10 ms a step and 5 ms a layer when None)."""
+    implementation, what its step holds for, one fit on ``r``'s layout with ``r``'s recompute and dispatcher),
+    without measuring: the rules' and the plan's input. ``coefficients``: the fit's (10 ms a step and 5 ms a layer
+    when None); ``variants``: its variants' records (group, option, config, layer_factor, held_out)."""
     from dataclasses import asdict
 
-    from moe_hydra.core import calibrated_step
+    from moe_hydra.core import calibrated_step as cs
 
     impl = {**asdict(r.impl), "cuda_graph_scope": list(r.impl.cuda_graph_scope)}
+    held = {"median": 0.05, "p90": 0.1, "worst": 0.2, "points": 12}
+    layout = {"layout": cs.layout_of(r), "held_out": held, "variants": variants or [],
+              "settings": {g: {"option": getattr(r.cfg, g).name, "config": cs.group_config(r.cfg, g)}
+                           for g in cs.VARIANT_GROUPS},
+              "coefficients": coefficients or {**dict.fromkeys(cs.TERMS, 0.0), "per_step": 0.01, "per_layer": 0.005}}
     record = {"calibration_version": 2,
               "machine": machine or {"device": "x86_64", "device_type": "cpu", "processes": 1, "torch": None,
                                      "megatron_core": None},
               "implementation": implementation or impl, "model": r.cfg.model.name,
-              "step": {"form": calibrated_step.FORM, "holds": calibrated_step.holds(r),
-                       "coefficients": coefficients or {**dict.fromkeys(calibrated_step.TERMS, 0.0),
-                                                        "per_step": 0.01, "per_layer": 0.005},
-                       "held_out": {"median": 0.05, "p90": 0.1, "worst": 0.2, "points": 10}},
+              "step": {"form": cs.FORM, "holds": cs.holds(r), "held_out": held, "layouts": [layout]},
               "measurements": []}
     Path(path).write_text(json.dumps(record))
     return str(path)

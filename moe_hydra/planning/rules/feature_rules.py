@@ -119,7 +119,7 @@ def l50_l54_recompute(c: Ctx):
     if unknown:
         yield V("L51", f"unknown recompute modules {unknown} for megatron-core {c.mcore.version}; "
                 f"allowed: {', '.join(sorted(c.mcore.recompute_modules))}",
-                "recompute.recompute_modules=[core_attn,layernorm]", recompute__recompute_modules=list(mods))
+                "recompute.recompute_modules=[core_attn]", recompute__recompute_modules=list(mods))
     if "moe_act" in mods and not c.cfg.kernels.moe_grouped_gemm:
         gemm = "kernels.moe_grouped_gemm=true"
         drop = _drop_modules(mods, "moe_act")
@@ -129,6 +129,12 @@ def l50_l54_recompute(c: Ctx):
     if "mla_up_proj" in mods and not c.m.multi_latent_attention:
         yield V("L52", "mla_up_proj recompute needs multi-latent attention", _drop_modules(mods, "mla_up_proj"),
                 recompute__recompute_modules=list(mods), model__multi_latent_attention=False)
+    checkpointed = [m for m in ("layernorm", "moe_act", "mla_up_proj") if m in mods]
+    if checkpointed and not c.r.impl.te:
+        yield V("L75", f"{', '.join(checkpointed)} recompute needs Transformer Engine, which this implementation has "
+                "not: Megatron-Core's CheckpointWithoutOutput takes its FP8 branch whatever the precision "
+                "(fp8=False is not None), and that branch calls TE (NameError: FP8GlobalStateManager)",
+                _drop_modules(mods, *checkpointed), recompute__recompute_modules=list(mods))
     if "shared_experts" in mods and c.cfg.overlap.moe_shared_expert_overlap:
         yield V("L53", "shared_experts recompute cannot work with moe_shared_expert_overlap",
                 "overlap.moe_shared_expert_overlap=false", recompute__recompute_modules=list(mods),
@@ -516,10 +522,10 @@ def k01_calibration(c: Ctx):
     from moe_hydra.core.resolved import Implementation
 
     path = c.cfg.hardware.calibration
-    if not path:
+    if not path or c.cfg.stage == "calibrate":  # a calibration being made does not read the one set (a site's)
         return
-    fix = ("hardware.calibration=<a calibration.json of this machine> (python -m moe_hydra stage=calibrate "
-           "hydra.run.dir=DIR), or hardware.calibration=null")
+    fix = ("hardware.calibration=null (the fitted priors), or hardware.calibration=<a calibration.json of this "
+           "machine> (make one: python -m moe_hydra stage=calibrate hydra.run.dir=DIR)")
     try:
         cal, _ = calibrated_step.load(path)
     except ValueError as e:

@@ -27,7 +27,10 @@ from pathlib import Path
 from typing import Callable
 
 from moe_hydra.core import contract
+from moe_hydra.core.resolved import resolve
 from moe_hydra.testing.results import base_results
+from tests.conftest import compose_config
+from tests.data.fixtures import write_calibration
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -89,6 +92,13 @@ def validated_run(cwd: Path) -> None:
     _write(cwd / "outputs/validate", res)
 
 
+def calibration(cwd: Path) -> None:
+    """outputs/calibration/calibration.json: a calibration of the two-process default (not measured)."""
+    (cwd / "outputs/calibration").mkdir(parents=True, exist_ok=True)
+    write_calibration(cwd / "outputs/calibration/calibration.json",
+                      resolve(compose_config("hardware.devices_per_node=2")))
+
+
 TRAINS = "trains on this machine's CPUs (tests/test_job.py trains the same)"
 SLURM = "Slurm only (tests/test_campaign.py queues, follows and waits for detached campaigns on a local Slurm)"
 EXAMPLES = {
@@ -123,6 +133,11 @@ EXAMPLES = {
     "python -m moe_hydra.tune hardware.devices_per_node=2 recompute=full train.micro_batch_size=1 "
     "train.global_batch_size=8 hydra.sweep.dir=outputs/tune": Skip(
         "trains for minutes: tests/test_tune.py runs the loop from this start"),
+    "python -m moe_hydra stage=calibrate hardware.devices_per_node=2 hydra.run.dir=outputs/calibration": Skip(
+        "measures for minutes: tests/test_calibrate.py calibrates two processes"),
+    "python -m moe_hydra stage=plan hardware.devices_per_node=2 "
+    "hardware.calibration=outputs/calibration/calibration.json": Fixture(
+        "plans from the calibration the line before measures", calibration),
     'python -m moe_hydra.bisect --good "train.micro_batch_size=4" --bad "train.micro_batch_size=4 recompute=full '
     'optimizer.lr=3e-4" --out outputs/bisect hardware.devices_per_node=2': Skip(
         "trains for minutes: tests/test_bisect.py finds full recompute among neutral optimizer keys"),

@@ -265,6 +265,16 @@ def _installed(distribution: str) -> str | None:
         return None
 
 
+def resolve_path(path: str | Path) -> Path:
+    """``hardware.calibration`` as a path: absolute as it is; relative to ``$MOE_HYDRA_SITE`` when set (a site
+    file names its cluster's calibration), else to the current directory."""
+    from moe_hydra.core.schema import site_dir
+
+    p = Path(path).expanduser()
+    site = site_dir()
+    return p if p.is_absolute() or site is None else site / p
+
+
 def load(path: str | Path) -> tuple[dict[str, Any], str]:
     """A calibration.json and its sha256, read once per version of the file (the rules and the plan read it, the
     layout search for every candidate). Do not change what it returns.
@@ -272,7 +282,7 @@ def load(path: str | Path) -> tuple[dict[str, Any], str]:
     Raises:
         ValueError: not readable, or not a calibration with a fitted step (the message says which).
     """
-    p = Path(path)
+    p = resolve_path(path)
     try:
         stat = p.stat()
     except OSError as e:

@@ -278,7 +278,7 @@ def step_shapes(seq_length: int) -> list[tuple[int, int, int, int]]:
 
 def variant_shapes(seq_length: int) -> list[tuple[int, int, int, int]]:
     """The steps a variant (another recompute level, another dispatcher) is measured at on each layout: both depths
-    at micro-batches of 2 sequences, and the deeper at 4."""
+    at micro-batches of 2 sequences, and the deeper at 4 (three, so that each is held out against the other two)."""
     return [(DEPTHS[0], 2, seq_length, 1), (DEPTHS[1], 2, seq_length, 1), (DEPTHS[1], 4, seq_length, 1)]
 
 
@@ -346,8 +346,9 @@ def steps(job: Any, say: Callable[[str], None]) -> list[dict[str, Any]]:
     schedule, the optimizer step; the slowest rank's time), on shrunken models: on each layout of :func:`layouts`,
     at every shape of :func:`step_shapes` with the plan's settings, and at :func:`variant_shapes` with each variant
     of :func:`variants`, each step after the layout's own at that shape (one the rules refuse on a layout is left
-    out there, and said). Returns, per layout: its ``parallel`` fields, the resolved plan of its first step, and its
-    measurements (a variant's with its ``group`` and ``option``, its pairs with ``group`` and ``paired_with``)."""
+    out there, and said). A model is built once for each depth (and variant) and stepped at each of its shapes.
+    Returns, per layout: its ``parallel`` fields, the resolved plan of its first step, and its measurements (a
+    variant's with its ``group`` and ``option``, its pairs with ``group`` and ``paired_with``)."""
     from megatron.core import parallel_state as ps
 
     from moe_hydra.core import calibrated_step
@@ -356,72 +357,88 @@ def steps(job: Any, say: Callable[[str], None]) -> list[dict[str, Any]]:
 
     r = job.r
     seq, repeats = r.batch.seq_length, r.cfg.calibrate.step_repeats
+    longest = max(s for _, _, s, _ in step_shapes(seq))
     out = []
     for fields in layouts(r):
         first = shrunk(r, DEPTHS[0], 1, seq, 1, fields)
         ps.destroy_model_parallel()
         job.for_plan(first).init_model_parallel()
-        rows = [measure_step(job, shrunk(r, *shape, fields), say, repeats) for shape in step_shapes(seq)]
+        own = {d: Built(job, shrunk(r, d, 1, longest, 1, fields)) for d in DEPTHS}
+        rows = [own[shape[0]].measure(shrunk(r, *shape, fields), say, repeats) for shape in step_shapes(seq)]
         for group, option, values in variants(r):
             planned = [shrunk(r, *shape, fields, {group: values}) for shape in variant_shapes(seq)]
             refused = rules.check(planned[0], mcore_facts())
             if refused:
                 say(f"{group}={option} on {first.layout.describe()}: left out ({refused[0].message})")
                 continue
+            other = {d: Built(job, shrunk(r, d, 1, longest, 1, fields, {group: values})) for d in DEPTHS}
             for shape, v in zip(variant_shapes(seq), planned):  # each after the layout's own at its shape
-                rows.append({**measure_step(job, shrunk(r, *shape, fields), say, repeats), "paired_with": option,
-                             "group": group})
-                rows.append({**measure_step(job, v, say, repeats), "group": group, "option": option,
+                rows.append({**own[shape[0]].measure(shrunk(r, *shape, fields), say, repeats), "group": group,
+                             "paired_with": option})
+                rows.append({**other[shape[0]].measure(v, say, repeats), "group": group, "option": option,
                              "config": calibrated_step.group_config(v.cfg, group)})
+            for built in other.values():
+                built.free()
+        for built in own.values():
+            built.free()
         out.append({"parallel": fields, "resolved": first, "measurements": rows})
     return out
 
 
-def measure_step(job: Any, r: Any, say: Callable[[str], None], repeats: int) -> dict[str, Any]:
-    """One shrunken plan's step (its model built, wrapped and stepped :data:`STEP_WARMUP` + ``repeats`` times on
-    mock tokens, then freed), as a measurement row."""
-    import gc
+class Built:
+    """A shrunken model of one depth (and settings), built, wrapped in Megatron-Core's DDP and given its optimizer
+    on this rank, to be stepped at several shapes (:meth:`measure`): its micro-batch, sequence (up to the one it
+    was built for) and micro-batches a step change, the model does not."""
 
-    import torch
-    import torch.distributed as dist
-    from megatron.core import parallel_state as ps
-    from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
+    def __init__(self, job: Any, r: Any):
+        self.job = job.for_plan(r)
+        self.tcfg = self.job.transformer_config()
+        self.model, self.optimizer = self.job.wrap_and_optimizer(self.tcfg, self.job.build_model(self.tcfg))
 
-    from moe_hydra.job.data import MockData
+    def measure(self, r: Any, say: Callable[[str], None], repeats: int) -> dict[str, Any]:
+        """The step of shrunken plan ``r`` (this model's depth and settings): :data:`STEP_WARMUP` + ``repeats``
+        steps on mock tokens, the warm-up discarded, each the slowest rank's; a measurement row."""
+        import torch
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+        from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
 
-    j = job.for_plan(r)
-    tcfg = j.transformer_config()
-    model, optimizer = j.wrap_and_optimizer(tcfg, j.build_model(tcfg))
-    b = r.batch
-    data = MockData(r.cfg.model.vocab_size, b.seq_length, b.micro_batch_size, b.global_batch_size,
-                    b.micro_batches_per_step, r.cfg.data.seed)
-    forward_step = j._forward_step(data, tcfg)
-    j.memory_phases = None
-    dp_rank = ps.get_data_parallel_rank()
-    seconds = []
-    for i in range(STEP_WARMUP + repeats):
-        batches = [data.batch(i, dp_rank, mb) for mb in range(b.micro_batches_per_step)]
-        dist.barrier()
-        wall_ms = j._timed(model, optimizer, forward_step, batches)[0]
-        if i >= STEP_WARMUP:
-            seconds.append(wall_ms / 1e3)
-    slowest = torch.tensor(seconds, dtype=torch.float64, device=j.device)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # a step takes as long as its slowest rank
-    layers = max(len(x.layers) for x in r.split)
-    m = Measurement("step", {"layout": r.layout.describe(), "layers": layers, "pp": r.layout.pp,
-                             "micro_batch_size": b.micro_batch_size, "seq_length": b.seq_length,
-                             "microbatches": b.micro_batches_per_step},
-                    slowest.tolist(), float(b.tokens_per_step), "token", warmup=STEP_WARMUP)
-    say(f"step on {r.layout.describe()}: {layers} layer(s) a stage, micro-batch {b.micro_batch_size} x "
-        f"{b.seq_length} tokens, {b.micro_batches_per_step} a step"
-        + (f", {r.cfg.recompute.name} recompute" if r.cfg.recompute.recompute_granularity else "")
-        + f", {r.cfg.dispatcher.name}: {m.median_s * 1e3:.1f} ms")
-    del model, optimizer
-    # Megatron-Core's per-layer MoE loss tracker is global, sized by the first model's layers: the next model may
-    # have other layers
-    get_moe_layer_wise_logging_tracker().clear()
-    gc.collect()
-    return m.as_dict()
+        from moe_hydra.job.data import MockData
+
+        # Megatron-Core's per-layer MoE loss tracker is global, sized by the layers of the model that first saves
+        # into it: another depth's model may have more
+        get_moe_layer_wise_logging_tracker().clear()
+        j, b = self.job.for_plan(r), r.batch
+        data = MockData(r.cfg.model.vocab_size, b.seq_length, b.micro_batch_size, b.global_batch_size,
+                        b.micro_batches_per_step, r.cfg.data.seed)
+        forward_step = j._forward_step(data, self.tcfg)
+        j.memory_phases = None
+        dp_rank = ps.get_data_parallel_rank()
+        seconds = []
+        for i in range(STEP_WARMUP + repeats):
+            batches = [data.batch(i, dp_rank, mb) for mb in range(b.micro_batches_per_step)]
+            dist.barrier()
+            wall_ms = j._timed(self.model, self.optimizer, forward_step, batches)[0]
+            if i >= STEP_WARMUP:
+                seconds.append(wall_ms / 1e3)
+        slowest = torch.tensor(seconds, dtype=torch.float64, device=j.device)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # a step takes as long as its slowest rank
+        layers = max(len(x.layers) for x in r.split)
+        m = Measurement("step", {"layout": r.layout.describe(), "layers": layers, "pp": r.layout.pp,
+                                 "micro_batch_size": b.micro_batch_size, "seq_length": b.seq_length,
+                                 "microbatches": b.micro_batches_per_step},
+                        slowest.tolist(), float(b.tokens_per_step), "token", warmup=STEP_WARMUP)
+        say(f"step on {r.layout.describe()}: {layers} layer(s) a stage, micro-batch {b.micro_batch_size} x "
+            f"{b.seq_length} tokens, {b.micro_batches_per_step} a step"
+            + (f", {r.cfg.recompute.name} recompute" if r.cfg.recompute.recompute_granularity else "")
+            + f", {r.cfg.dispatcher.name}: {m.median_s * 1e3:.1f} ms")
+        return m.as_dict()
+
+    def free(self) -> None:
+        import gc
+
+        del self.model, self.optimizer
+        gc.collect()
 
 
 def fit_steps(measured: list[dict[str, Any]], r: Any) -> dict[str, Any]:

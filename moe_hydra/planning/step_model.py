@@ -164,7 +164,7 @@ def calibrated(r: Resolved, flops_per_token: float) -> dict[str, Any]:
     is unreadable or from another device kind or implementation."""
     cfg = r.cfg
     cal, sha = calibrated_step.load(cfg.hardware.calibration)
-    named = {"file": str(cfg.hardware.calibration), "sha256": sha, "machine": cal.get("machine"),
+    named = {"file": str(calibrated_step.resolve_path(cfg.hardware.calibration)), "sha256": sha, "machine": cal.get("machine"),
              "model": cal.get("model")}
     estimate = calibrated_step.estimate(cal["step"], r)
     if isinstance(estimate, list):

@@ -111,6 +111,8 @@ def cases() -> list[Case]:
     file_arg("regress", "BASELINE", lambda p, root: [str(p), str(_run_dir(root))], name="baseline.json")
     file_arg("compare", "--noise", lambda p, root: [str(_run_dir(root).parent), "--noise", str(p),
                                                      "--out", str(root / "out")], name="noise.json")
+    file_arg("run", "hardware.calibration", lambda p, root: ["stage=plan", f"hardware.calibration={p}",
+                                                             f"hydra.run.dir={root / 'run'}"], name="calibration.json")
     file_arg("ingest", "--file", lambda p, root: ["megatron-lm", "--file", str(p)], name="flags.txt")
     file_arg("data", "FILE", lambda p, root: ["prepare", "--out", str(root / "ds" / "text"), str(p)],
              name="corpus.txt", kinds=(NONEXISTENT, DIRECTORY, BINARY, LATIN1, EMPTY, UNREADABLE))

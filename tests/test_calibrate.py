@@ -4,6 +4,7 @@ times and what its rate means, and the collectives on two real gloo processes.""
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import time
@@ -86,14 +87,16 @@ def test_collectives_on_two_gloo_processes(tmp_path):
 
 
 def test_stage_calibrate_measures_this_machine_on_the_jobs_processes(cli, tmp_path):
-    """python -m moe_hydra stage=calibrate on two processes: calibration.json holds the machine, the model's step at
-    every shape of step_shapes (Megatron-Core's training step on both, at depths 1 and 2) fitted with its held-out
-    error, every GEMM of the model at three micro-batches' tokens, the memory bandwidth and each collective across
-    sizes over both."""
+    """python -m moe_hydra stage=calibrate on two processes (the plan's layout, the dispatcher's other option):
+    calibration.json holds the machine; the model's step at every shape of step_shapes (Megatron-Core's training
+    step on both, at depths 1 and 2) fitted with its held-out error; allgather at each variant shape right after
+    the layout's own there, its factor held out; every GEMM of the model at three micro-batches' tokens, the memory
+    bandwidth and each collective across sizes over both."""
     from moe_hydra.core.arch import Arch
     from tests.conftest import compose_config
 
-    r = cli("stage=calibrate", "logger=none", "hardware.devices_per_node=2", timeout=300)
+    r = cli("stage=calibrate", "logger=none", "hardware.devices_per_node=2", "calibrate.layouts=plan",
+            "calibrate.variants=[dispatcher]", "calibrate.step_repeats=3", timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "measurements on 2 processes" in r.stdout and "calibrate: all_to_all over 2 processes" in r.stdout
     rec = json.loads((tmp_path / "run" / "calibration.json").read_text())
@@ -105,13 +108,26 @@ def test_stage_calibrate_measures_this_machine_on_the_jobs_processes(cli, tmp_pa
         by_kind.setdefault(m["kind"], []).append(m)
     cfg = compose_config()
     seq, a = cfg.train.seq_length, Arch.from_model(cfg.model)
-    measured = [(m["layers"], m["micro_batch_size"], m["seq_length"], m["microbatches"]) for m in by_kind["step"]]
-    assert measured == calibrate.step_shapes(seq) and all(m["median_s"] > 0 and m["samples"] == calibrate.STEP_REPEATS
-                                                           for m in by_kind["step"])
-    step = rec["step"]
-    assert step["holds"]["layout"]["dp"] == 2 and step["holds"]["processes"]["devices_per_node"] == 2
-    assert len(step["points"]) == len(measured) and 0 <= step["held_out"]["median"] <= step["held_out"]["worst"]
-    assert [p["seconds"] for p in step["points"]] == [m["median_s"] for m in by_kind["step"]]
+
+    def shape(m):
+        return m["layers"], m["micro_batch_size"], m["seq_length"], m["microbatches"]
+
+    steps = by_kind["step"]
+    own = [m for m in steps if "option" not in m and not m.get("paired")]
+    assert [shape(m) for m in own] == calibrate.step_shapes(seq)
+    assert all(m["median_s"] > 0 and m["samples"] == 3 for m in steps)
+    # at each variant shape: the layout's own, then allgather right after it
+    rest = [m for m in steps if m not in own]
+    assert [(shape(m), m.get("option")) for m in rest] == [
+        (s, o) for s in calibrate.variant_shapes(seq) for o in (None, "allgather")]
+    (lay,) = rec["step"]["layouts"]
+    assert lay["layout"]["dp"] == 2 and rec["step"]["holds"]["processes"]["devices_per_node"] == 2
+    assert len(lay["points"]) == len(own) and 0 <= lay["held_out"]["median"] <= lay["held_out"]["worst"]
+    assert [p["seconds"] for p in lay["points"]] == [m["median_s"] for m in own]
+    (v,) = lay["variants"]
+    assert v["option"] == "allgather" and v["config"]["moe_token_dispatcher_type"] == "allgather"
+    assert v["layer_factor"] > 0 and len(v["points"]) == 3 and v["held_out"]["worst"] >= v["held_out"]["median"]
+    assert [p["paired_seconds"] for p in v["points"]] == [m["median_s"] for m in rest if m.get("paired")]
     gemms = {(g["gemm"], g["m"], g["n"], g["k"]) for g in by_kind["gemm"]}
     assert gemms == set(calibrate.gemm_shapes(a, seq)) and {m for _, m, _, _ in gemms} >= {seq, 2 * seq, 4 * seq}
     assert ("logits", seq, a.padded_vocab(), a.h) in gemms and all(g["tflops"] > 0 for g in by_kind["gemm"])
@@ -120,3 +136,47 @@ def test_stage_calibrate_measures_this_machine_on_the_jobs_processes(cli, tmp_pa
     assert {op for op, _ in ops} == set(calibrate.COLLECTIVES)
     assert all(c["group_size"] == 2 for c in by_kind["collective"])
     assert len(ops) == len(calibrate.COLLECTIVES) * len(calibrate.CPU_COLLECTIVE_BYTES)
+
+
+def test_the_layouts_and_variants_it_measures_are_every_one_the_job_can_run():
+    """On two processes, tiny_moe: the plan's layout first, then each TP, PP, EP, ETP the rules allow (TP 2 with
+    ETP 1 and EP 1 is refused: V01), each once; the recompute levels and the other dispatcher as variants, the
+    selective one with the modules the rules allow without Transformer Engine ([core_attn]: L52, L75)."""
+    from moe_hydra.core.resolved import resolve
+    from tests.conftest import compose_config
+
+    r = resolve(compose_config("hardware.devices_per_node=2", "stage=calibrate"))
+    found = [(f["tensor_model_parallel_size"], f["pipeline_model_parallel_size"], f["expert_model_parallel_size"],
+              f["expert_tensor_parallel_size"]) for f in calibrate.layouts(r)]
+    assert found[0] == (1, 1, 1, 1) and len(found) == len(set(found))
+    assert set(found) == {(1, 1, 1, 1), (1, 1, 1, 2), (1, 1, 2, 1), (1, 2, 1, 1), (2, 1, 1, 2), (2, 1, 2, 1)}, found
+    assert [(g, o) for g, o, _ in calibrate.variants(r)] == [("recompute", "selective"), ("recompute", "full"),
+                                                             ("dispatcher", "allgather")]
+    assert calibrate.variants(r)[0][2]["recompute_modules"] == ["core_attn"]
+    plan_only = resolve(compose_config("hardware.devices_per_node=2", "expert_mesh=ep2", "calibrate.layouts=plan"))
+    assert [(f["expert_model_parallel_size"], f["sequence_parallel"]) for f in calibrate.layouts(plan_only)] == [
+        (2, False)]
+
+
+@pytest.mark.slow
+@pytest.mark.serial
+def test_a_calibration_predicts_runs_it_never_saw(cli, tmp_path):
+    """Held out, never the fit: calibrated on one process (depths 1 and 2, micro-batches of up to 4, full
+    recompute as a variant), the plan predicts runs of shapes it never measured — 4 layers with two micro-batches a
+    step; 3 layers, micro-batch 4, full recompute — within x1.5 of 20 steady steps each (this CPU's runs of one
+    config differ by up to x1.6: docs/cpu.md)."""
+    cal = tmp_path / "cal"
+    r = cli("stage=calibrate", "logger=none", "calibrate.layouts=plan", "calibrate.variants=[recompute]",
+            f"hydra.run.dir={cal}", timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    for i, config in enumerate([["model.num_layers=4", "train.micro_batch_size=2", "train.global_batch_size=4"],
+                                ["model.num_layers=3", "recompute=full"]]):
+        common = ["logger=none", *config, "contract.warmup_steps=3", "contract.window=[4,23]", "train.train_iters=23"]
+        plan = cli("stage=plan", *common, f"hardware.calibration={cal / 'calibration.json'}",
+                   f"hydra.run.dir={tmp_path / f'plan{i}'}")
+        assert plan.returncode == 0, plan.stdout[-2000:] + plan.stderr[-2000:]
+        st = json.loads((tmp_path / f"plan{i}" / "plan.json").read_text())["step_time"]
+        run = cli(*common, f"hydra.run.dir={tmp_path / f'run{i}'}", timeout=300)
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+        measured = json.loads((tmp_path / f"run{i}" / "results.json").read_text())["step_time_ms"] / 1e3
+        assert abs(math.log(st["seconds"] / measured)) <= math.log(1.5), (config, st, measured)

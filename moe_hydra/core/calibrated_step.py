@@ -52,7 +52,7 @@ MODEL_VARIED = ("name", "num_layers", "seq_length", "max_position_embeddings", "
 SETTINGS_HELD = ("precision", "routing", "kernels", "overlap", "offload")
 # config groups whose options a calibration measures on each layout, as a factor on the layers' time
 VARIANT_GROUPS = {"recompute": ("none", "selective", "full"), "dispatcher": ("alltoall", "allgather")}
-LAYOUT_KEYS = ("tp", "cp", "ep", "etp", "pp", "vpp", "dp")
+LAYOUT_KEYS = ("tp", "cp", "ep", "etp", "pp", "vpp", "dp", "sp")
 
 
 @dataclass(frozen=True)
@@ -176,7 +176,9 @@ def layout_of(r: Any) -> dict[str, Any]:
 
 
 def describe_layout(lo: dict[str, Any]) -> str:
-    return " ".join(f"{k.upper()}{lo[k]}" for k in LAYOUT_KEYS if lo.get(k) is not None)
+    """``TP2 CP1 EP1 ETP2 PP1 DP1 SP``: the sizes, VPP when set, SP when on."""
+    return " ".join(k.upper() if isinstance(lo.get(k), bool) else f"{k.upper()}{lo[k]}"
+                    for k in LAYOUT_KEYS if lo.get(k) not in (None, False))
 
 
 def group_config(cfg: Any, group: str) -> dict[str, Any]:

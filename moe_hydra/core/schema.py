@@ -578,8 +578,8 @@ class CalibrateConfig:
     # Config groups whose other options it measures on each layout too (their cost on the layers' time, as a
     # factor): recompute (none, selective, full), dispatcher (alltoall, allgather; MoE models).
     variants: List[str] = field(default_factory=lambda: ["recompute", "dispatcher"])
-    # Timed steps of each measured shape, after 3 discarded.
-    step_repeats: int = 9
+    # Timed steps of each measured shape, after 3 discarded on a new model (1 on one already stepped).
+    step_repeats: int = 7
 
 
 @dataclass(kw_only=True, slots=True)

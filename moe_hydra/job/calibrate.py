@@ -198,7 +198,7 @@ CALIBRATION_VERSION = 2  # 2: the model's step measured and fitted (``step``)
 CALIBRATION_FILE = "calibration.json"
 MICRO_BATCHES = (1, 2, 4)  # micro-batch sizes whose tokens the steps and GEMMs are measured at (>= 3 shapes)
 DEPTHS = (1, 2)  # decoder layers on each pipeline stage of the shrunken models whose steps are measured
-STEP_WARMUP = 3  # a model's first steps allocate its buffers and the optimizer's states
+STEP_WARMUP = 3  # steps discarded on a new model: its first allocate its buffers and the optimizer's states
 CPU_COLLECTIVE_BYTES = tuple(1 << p for p in range(12, 23, 2))  # 4 KiB .. 4 MiB a rank
 GPU_COLLECTIVE_BYTES = tuple(1 << p for p in range(16, 31, 2))  # 64 KiB .. 1 GiB a rank
 
@@ -291,7 +291,8 @@ def layouts(r: Any) -> list[dict[str, Any]]:
     from moe_hydra.planning.search import Candidate
 
     lo, mbs = r.layout, r.batch.micro_batch_size
-    own = Candidate(lo.tp, lo.cp, lo.pp, None, lo.ep, lo.etp, mbs, "even").fields()
+    own = {**Candidate(lo.tp, lo.cp, lo.pp, lo.vpp, lo.ep, lo.etp, mbs, "even").fields(),
+           "sequence_parallel": lo.sp}  # the plan's, as it is set
     if r.cfg.calibrate.layouts.value == "plan":
         return [own]
     world, experts = lo.world_size, r.arch.experts or 1
@@ -345,10 +346,10 @@ def steps(job: Any, say: Callable[[str], None]) -> list[dict[str, Any]]:
     """The model's training step, as the job times it (Megatron-Core's blocks, forward and backward through its
     schedule, the optimizer step; the slowest rank's time), on shrunken models: on each layout of :func:`layouts`,
     at every shape of :func:`step_shapes` with the plan's settings, and at :func:`variant_shapes` with each variant
-    of :func:`variants`, each step after the layout's own at that shape (one the rules refuse on a layout is left
-    out there, and said). A model is built once for each depth (and variant) and stepped at each of its shapes.
+    of :func:`variants`, right after the layout's own at that shape (one the rules refuse on a layout is left out
+    there, and said). A model is built once for each depth (and variant) and stepped at each of its shapes.
     Returns, per layout: its ``parallel`` fields, the resolved plan of its first step, and its measurements (a
-    variant's with its ``group`` and ``option``, its pairs with ``group`` and ``paired_with``)."""
+    variant's with its ``group``, ``option`` and ``config``; the layout's own measured before them ``paired``)."""
     from megatron.core import parallel_state as ps
 
     from moe_hydra.core import calibrated_step
@@ -365,21 +366,21 @@ def steps(job: Any, say: Callable[[str], None]) -> list[dict[str, Any]]:
         job.for_plan(first).init_model_parallel()
         own = {d: Built(job, shrunk(r, d, 1, longest, 1, fields)) for d in DEPTHS}
         rows = [own[shape[0]].measure(shrunk(r, *shape, fields), say, repeats) for shape in step_shapes(seq)]
+        others = []
         for group, option, values in variants(r):
-            planned = [shrunk(r, *shape, fields, {group: values}) for shape in variant_shapes(seq)]
-            refused = rules.check(planned[0], mcore_facts())
+            refused = rules.check(shrunk(r, DEPTHS[0], 1, seq, 1, fields, {group: values}), mcore_facts())
             if refused:
                 say(f"{group}={option} on {first.layout.describe()}: left out ({refused[0].message})")
                 continue
-            other = {d: Built(job, shrunk(r, d, 1, longest, 1, fields, {group: values})) for d in DEPTHS}
-            for shape, v in zip(variant_shapes(seq), planned):  # each after the layout's own at its shape
-                rows.append({**own[shape[0]].measure(shrunk(r, *shape, fields), say, repeats), "group": group,
-                             "paired_with": option})
-                rows.append({**other[shape[0]].measure(v, say, repeats), "group": group, "option": option,
+            others.append((group, option, values,
+                           {d: Built(job, shrunk(r, d, 1, longest, 1, fields, {group: values})) for d in DEPTHS}))
+        for shape in variant_shapes(seq) if others else ():  # the layout's own, then each variant, at each shape
+            rows.append({**own[shape[0]].measure(shrunk(r, *shape, fields), say, repeats), "paired": True})
+            for group, option, values, built in others:
+                v = shrunk(r, *shape, fields, {group: values})
+                rows.append({**built[shape[0]].measure(v, say, repeats), "group": group, "option": option,
                              "config": calibrated_step.group_config(v.cfg, group)})
-            for built in other.values():
-                built.free()
-        for built in own.values():
+        for built in [*own.values(), *(b for *_, models in others for b in models.values())]:
             built.free()
         out.append({"parallel": fields, "resolved": first, "measurements": rows})
     return out
@@ -394,10 +395,12 @@ class Built:
         self.job = job.for_plan(r)
         self.tcfg = self.job.transformer_config()
         self.model, self.optimizer = self.job.wrap_and_optimizer(self.tcfg, self.job.build_model(self.tcfg))
+        self.stepped = False  # its first steps allocate its buffers and the optimizer's states
 
     def measure(self, r: Any, say: Callable[[str], None], repeats: int) -> dict[str, Any]:
-        """The step of shrunken plan ``r`` (this model's depth and settings): :data:`STEP_WARMUP` + ``repeats``
-        steps on mock tokens, the warm-up discarded, each the slowest rank's; a measurement row."""
+        """The step of shrunken plan ``r`` (this model's depth and settings): ``repeats`` steps on mock tokens
+        after :data:`STEP_WARMUP` discarded (1 once the model has been stepped), each the slowest rank's; a
+        measurement row."""
         import torch
         import torch.distributed as dist
         from megatron.core import parallel_state as ps
@@ -414,20 +417,21 @@ class Built:
         forward_step = j._forward_step(data, self.tcfg)
         j.memory_phases = None
         dp_rank = ps.get_data_parallel_rank()
-        seconds = []
-        for i in range(STEP_WARMUP + repeats):
+        seconds, warmup = [], STEP_WARMUP if not self.stepped else 1
+        for i in range(warmup + repeats):
             batches = [data.batch(i, dp_rank, mb) for mb in range(b.micro_batches_per_step)]
             dist.barrier()
             wall_ms = j._timed(self.model, self.optimizer, forward_step, batches)[0]
-            if i >= STEP_WARMUP:
+            if i >= warmup:
                 seconds.append(wall_ms / 1e3)
+        self.stepped = True
         slowest = torch.tensor(seconds, dtype=torch.float64, device=j.device)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # a step takes as long as its slowest rank
         layers = max(len(x.layers) for x in r.split)
         m = Measurement("step", {"layout": r.layout.describe(), "layers": layers, "pp": r.layout.pp,
                                  "micro_batch_size": b.micro_batch_size, "seq_length": b.seq_length,
                                  "microbatches": b.micro_batches_per_step},
-                        slowest.tolist(), float(b.tokens_per_step), "token", warmup=STEP_WARMUP)
+                        slowest.tolist(), float(b.tokens_per_step), "token", warmup=warmup)
         say(f"step on {r.layout.describe()}: {layers} layer(s) a stage, micro-batch {b.micro_batch_size} x "
             f"{b.seq_length} tokens, {b.micro_batches_per_step} a step"
             + (f", {r.cfg.recompute.name} recompute" if r.cfg.recompute.recompute_granularity else "")
@@ -452,7 +456,7 @@ def fit_steps(measured: list[dict[str, Any]], r: Any) -> dict[str, Any]:
 
     fitted = []
     for lay in measured:
-        own = [x for x in lay["measurements"] if "group" not in x]  # the fit's; a variant's pairs apart
+        own = [x for x in lay["measurements"] if "group" not in x and not x.get("paired")]
         entry = {"layout": cs.layout_of(lay["resolved"]), "parallel": lay["parallel"],
                  "settings": {g: {"option": getattr(r.cfg, g).name, "config": cs.group_config(r.cfg, g)}
                               for g in cs.VARIANT_GROUPS},
@@ -460,7 +464,7 @@ def fit_steps(measured: list[dict[str, Any]], r: Any) -> dict[str, Any]:
         options = dict.fromkeys((x["group"], x["option"]) for x in lay["measurements"] if "option" in x)
         for group, option in options:
             rows = [x for x in lay["measurements"] if x.get("group") == group and x.get("option") == option]
-            pairs = [x for x in lay["measurements"] if x.get("group") == group and x.get("paired_with") == option]
+            pairs = [x for x in lay["measurements"] if x.get("paired")]  # at the same shapes, in the same order
             entry["variants"].append({"group": group, "option": option, "config": rows[0]["config"],
                                       **cs.variant_factor(entry["coefficients"], [shape(x) for x in rows],
                                                           [x["median_s"] for x in rows],

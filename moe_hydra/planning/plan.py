@@ -16,8 +16,10 @@ megatron.
     params_per_stage             one rank of each pipeline stage: dense / expert / total
     flops_per_token, flops_counter, flops_breakdown   model FLOPs at train.seq_length
     flops_per_token_swa, flops_counter_swa   the sliding-window-discounted counter (null without a window)
-    step_time                    the step-time model's prediction (GPU hardware; null on the CPU preset):
-                                 seconds, terms, calibration, tokens_per_s_per_gpu, tflops_per_gpu, mfu
+    step_time                    the step time predicted (moe_hydra.planning.step_time): from hardware.calibration
+                                 when it holds for the plan, else the step-time model's (GPU hardware; null on
+                                 the CPU preset): seconds, interval_s, terms, calibration, tokens_per_s_per_gpu,
+                                 tflops_per_gpu, mfu
     layer_spec                   implementation.layer_spec: the spec the counts assume
     memory                       per-rank estimate in GiB (moe_hydra.planning.memory): the most-loaded rank's
                                  weights / gradients / optimizer / activations / allowance / total,
@@ -43,7 +45,7 @@ from moe_hydra.core.env import snapshot as env_snapshot
 from moe_hydra.core.resolved import Resolved, resolve
 from moe_hydra.core.versions import McoreFacts, mcore_facts
 from moe_hydra.core.violations import V, Violation
-from moe_hydra.planning import memory, rules, step_model
+from moe_hydra.planning import memory, rules, step_time
 
 
 def _notes(r: Resolved) -> list[str]:
@@ -198,7 +200,7 @@ def make_plan(r: Resolved, swept: list[str] | None = None, env: dict[str, Any] |
         # the second counter, labelled, where the model has sliding-window layers (GPT-OSS)
         "flops_per_token_swa": flops.swa_discounted(arch, r.batch.seq_length, lo.tp).total if arch.window else None,
         "flops_counter_swa": flops.SWA_COUNTER if arch.window else None,
-        "step_time": step_model.prediction(r, worst.dense, worst.expert, fl.total),
+        "step_time": step_time.prediction(r, worst.dense, worst.expert, fl.total),
         "layer_spec": r.impl.layer_spec,
         **memory_verdict(assessed, mcore),
         "label": label,

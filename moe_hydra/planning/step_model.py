@@ -82,7 +82,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from moe_hydra.core import calibrated_step, flops, metrics, step_model_fit
+from moe_hydra.core import flops, metrics, step_model_fit
 from moe_hydra.core.arch import Arch
 from moe_hydra.core.layout import Layout
 from moe_hydra.core.resolved import Resolved
@@ -121,23 +121,10 @@ def tie_width() -> float:
 
 
 def prediction(r: Resolved, dense_params: int, expert_params: int, flops_per_token: float) -> dict | None:
-    """``plan.json``'s ``step_time``: with ``hardware.calibration``, the step measured on this machine
-    (:func:`calibrated`); else, or where the calibration does not hold for the plan, the model's step time for a
-    resolved plan on GPU hardware, the range 90 % of the held-out rows of its kind (MoE or dense) fall in
-    (:func:`interval`), its terms, what it was calibrated on, and the tokens/s/GPU, TFLOP/s/GPU and MFU it implies
-    (None on the CPU preset: the model knows no CPU rates). ``dense_params``, ``expert_params``: the most loaded
-    rank's."""
-    if r.cfg.hardware.calibration:  # measured on this machine; the priors where it does not hold for the plan
-        measured = calibrated(r, flops_per_token)
-        if measured["seconds"] is not None:
-            return measured
-        return {**(priors(r, dense_params, expert_params, flops_per_token) or {"seconds": None}),
-                "calibration": measured["calibration"]}
-    return priors(r, dense_params, expert_params, flops_per_token)
-
-
-def priors(r: Resolved, dense_params: int, expert_params: int, flops_per_token: float) -> dict | None:
-    """The step time of the model fitted on the published runs (:data:`CALIBRATION`); None on the CPU preset."""
+    """``plan.json``'s ``step_time``: the model's step time for a resolved plan on GPU hardware, the range 90 % of
+    the held-out rows of its kind (MoE or dense) fall in (:func:`interval`), its terms, what it was calibrated on,
+    and the tokens/s/GPU, TFLOP/s/GPU and MFU it implies (None on the CPU preset: the model knows no CPU rates).
+    ``dense_params``, ``expert_params``: the most loaded rank's."""
     cfg = r.cfg
     if cfg.hardware.arch == "cpu":
         return None
@@ -151,32 +138,6 @@ def priors(r: Resolved, dense_params: int, expert_params: int, flops_per_token: 
     return {"seconds": seconds, "interval_s": interval(seconds, kind), "interval_of": kind,
             "terms": terms, "calibration": CALIBRATION,
             "held_out": HELD_OUT, "tokens_per_s_per_gpu": tokens / (seconds * world), "tflops_per_gpu": tflops,
-            "mfu": tflops / peak if peak else None}
-
-
-def calibrated(r: Resolved, flops_per_token: float) -> dict[str, Any]:
-    """``plan.json``'s ``step_time`` from ``hardware.calibration`` (:mod:`moe_hydra.core.calibrated_step`): the fit of
-    this machine's steps on the plan's layout at its depth, micro-batch, sequence and micro-batches per step (times
-    the measured factor of its recompute and dispatcher where they are not the layout's own), its parts, and the
-    range the held-out error of what it used spans (x / exp(p90) to x exp(p90)); ``calibration`` names the file, its
-    sha256, the machine and what it used. ``seconds`` None when the calibration does not hold for the plan
-    (``differences``: another model's widths, processes, layout or settings). The rules (K01) refused a file that
-    is unreadable or from another device kind or implementation."""
-    cfg = r.cfg
-    cal, sha = calibrated_step.load(cfg.hardware.calibration)
-    named = {"file": str(calibrated_step.resolve_path(cfg.hardware.calibration)), "sha256": sha, "machine": cal.get("machine"),
-             "model": cal.get("model")}
-    estimate = calibrated_step.estimate(cal["step"], r)
-    if isinstance(estimate, list):
-        return {"seconds": None, "calibration": {**named, "applies": False, "differences": estimate}}
-    seconds, terms, used = estimate
-    spread = math.exp(used["p90"])
-    world, tokens = r.layout.world_size, r.batch.tokens_per_step
-    peak, _ = metrics.peak_tflops(cfg.hardware, cfg.precision)
-    tflops = flops_per_token * tokens / (seconds * world * 1e12)
-    return {"seconds": seconds, "interval_s": [seconds / spread, seconds * spread], "interval_of": "calibration",
-            "terms": terms, "calibration": {**named, "applies": True, **used},
-            "tokens_per_s_per_gpu": tokens / (seconds * world), "tflops_per_gpu": tflops,
             "mfu": tflops / peak if peak else None}
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 import os
 import random
 import shlex
@@ -399,3 +400,32 @@ def test_the_screening_ranks_like_with_like_and_refuses_layouts_of_different_wor
     assert table["metric"] == "step_time_ms" and table["arms"][0]["layout"] == "TP2"
     with pytest.raises(Refused, match="different work a step"):  # a search that changed the batch or the GPUs
         rank_measured([arm("TP1", 100, [1024, 8, 8]), arm("TP2", 90, [2048, 8, 8])], 0.0)
+
+
+def test_a_calibration_ranks_the_layouts_it_measured_by_what_it_measured(tmp_path):
+    """hardware.calibration on two processes, DP 2 and EP 2 measured (EP 2 faster): those two take the
+    calibration's step times and rank first, EP 2 before DP 2; every other layout keeps the priors' terms, marked,
+    after them; the ties are within the calibration's held-out error, of the calibrated layouts alone."""
+    from moe_hydra.core import calibrated_step as cs
+    from tests.data.fixtures import write_calibration
+
+    base = ("hardware.devices_per_node=2",)
+    dp2, ep2 = resolve(compose_config(*base)), resolve(compose_config(*base, "expert_mesh=ep2"))
+    slow = {**dict.fromkeys(cs.TERMS, 0.0), "per_step": 0.05, "per_layer": 0.02}
+    fast = {**slow, "per_layer": 0.01}
+    path = tmp_path / "cal.json"
+    write_calibration(path, dp2, coefficients=slow)
+    record = json.loads(path.read_text())
+    record["step"]["layouts"].append({**record["step"]["layouts"][0], "layout": cs.layout_of(ep2),
+                                      "coefficients": fast})
+    path.write_text(json.dumps(record))
+    s = search.Search(compose_config(*base, f"hardware.calibration={path}"))
+    results = s.run(workers=1)
+    ranked = sorted((r for r in results if r.rank), key=lambda r: r.rank)
+    first, second = ranked[:2]
+    assert (first.layout.ep, second.layout.ep, second.layout.dp) == (2, 1, 2) and first.calibrated and second.calibrated
+    assert first.terms["step"] == pytest.approx(cs.predict(fast, cs.shape_of(ep2))[0])
+    assert all(r.calibrated is False for r in ranked[2:]) and len(ranked) > 2
+    report = s.report(results, 0.0)
+    assert report["tie_width"] == pytest.approx(math.exp(0.1)) and report["calibration"]["calibrated"] == 2
+    assert report["candidates"][0]["step_time_from"] == "calibration" and report["tied"] == 1

@@ -28,7 +28,7 @@ micro-batch size, sequence length and micro-batches per step are what the form e
 of the variant groups (:data:`VARIANT_GROUPS`: recompute, the dispatcher) are measured on each layout as a factor
 on the layers' time (:func:`variant_factor`), each with its own held-out error.
 
-Pure: the standard library; scipy inside :func:`fit`.
+Pure: the standard library; numpy and scipy inside :func:`fit`.
 """
 
 from __future__ import annotations

@@ -26,6 +26,10 @@ recompute or above (a flex dispatcher's buffers and EP overlap's extra layer in 
 memory). A flex dispatcher is tried wherever there is expert parallelism: inside the NVLink domain it sends a
 token once per rank rather than once per expert, across it once per node.
 
+With ``hardware.calibration``, a candidate the calibration holds for (its layout measured on this machine, its
+recompute and dispatcher measured there) takes the calibration's step time (:mod:`moe_hydra.core.calibrated_step`)
+and ranks before those it does not hold for; its ties are within the calibration's held-out error.
+
 **Rank** by the analytic step time of :mod:`moe_hydra.planning.step_model` (a ranking aid, every term printed per
 layout), after the workflow's priorities (docs/workflow.md) that apply to every layout — CP only once
 the sequence reaches 8K, ETP 1 before expert-tensor parallelism; ties break on less model
@@ -51,7 +55,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Iterator
 
-from moe_hydra.core import overrides, params
+from moe_hydra.core import calibrated_step, overrides, params
 from moe_hydra.core.arch import Arch
 from moe_hydra.core.layout import Layout
 from moe_hydra.core.resolved import Resolved, resolve
@@ -236,6 +240,9 @@ class Result:
     rank: int | None = None
     pruned: bool = False  # weights + gradients alone exceed the memory: the rules were not run
     comm: Comm | None = None  # the communication settings the terms are for
+    # with hardware.calibration: whether the terms are the calibration's (True) or the priors' (False: it does not
+    # hold for this layout); None without one
+    calibrated: bool | None = None
 
     @property
     def legal(self) -> bool:
@@ -258,6 +265,8 @@ class Result:
         if self.terms:
             row.update(parallel=lo.to_megatron(), pipeline_split=c.split, step_time_s=round(self.terms["step"], 5),
                        terms_s={k: round(v, 5) for k, v in self.terms.items()})
+            if self.calibrated is not None:
+                row["step_time_from"] = "calibration" if self.calibrated else "priors"
         return row
 
 
@@ -353,6 +362,11 @@ class Search:
         self.domain = cfg.hardware.nvlink_domain_size
         # the user's settings, which a row's overrides change when its setting differs
         self.base_dispatcher, self.base_overlap = cfg.dispatcher.name, cfg.overlap.overlap_moe_expert_parallel_comm
+        # hardware.calibration: the layouts it holds for are ranked by what it measured, their ties by its held-out
+        # error (the rules refused a file that is none, or of another device kind or implementation: K01)
+        self.calibration = calibrated_step.load(cfg.hardware.calibration)[0] if cfg.hardware.calibration else None
+        self.tie_width = (math.exp(self.calibration["step"]["held_out"]["p90"]) if self.calibration
+                          else step_model.tie_width())
 
     # ------------------------------------------------------------------ a candidate as a resolved plan
 
@@ -542,8 +556,24 @@ class Search:
             results = self._run_forked(candidates, workers)
         else:
             results = [self.evaluate(c) for c in candidates]
+        if self.calibration is not None:
+            self._calibrated(results)
         rank(results, self.domain, self.cfg.train.seq_length)
         return results
+
+    def _calibrated(self, results: list[Result]) -> None:
+        """``hardware.calibration``: each legal candidate that fits, at its recompute level and communication
+        setting, predicted from the calibration where it holds for it (:func:`moe_hydra.core.calibrated_step.estimate`:
+        its layout measured, its settings measured or its own); the others keep the priors' terms, marked, and rank
+        after them (:func:`rank`)."""
+        for res in results:
+            if res.terms is None:
+                continue
+            estimate = calibrated_step.estimate(self.calibration["step"],
+                                                self.resolved(res.candidate, res.recompute, res.comm))
+            res.calibrated = not isinstance(estimate, list)
+            if res.calibrated:
+                res.terms = {**estimate[1], "step": estimate[0]}
 
     def _run_forked(self, candidates: list[Candidate], workers: int) -> list[Result]:
         """Evaluate in forked processes. The work is cut into tasks of whole (PP, TP, CP) groups (so a
@@ -599,7 +629,7 @@ class Search:
         marks the ranked layouts the step model cannot tell from the best (:func:`tied_set`)."""
         ranked = sorted((r for r in results if r.rank), key=lambda r: r.rank)
         rest = [r for r in results if not r.rank]
-        tied = tied_set(ranked)
+        tied = tied_set(ranked, self.tie_width)
         cfg = self.cfg
         return {
             "model": cfg.model.name, "hardware": cfg.hardware.name, "world_size": self.world,
@@ -614,7 +644,10 @@ class Search:
                                 "calibration": step_model.CALIBRATION, "held_out": step_model.HELD_OUT,
                                 **dataclasses.asdict(cfg.step_model)},
             # layouts whose predicted step is within this ratio of the best are ties (the held-out ranking error)
-            "tie_width": step_model.tie_width(), "tied": len(tied),
+            **({"calibration": {"file": str(calibrated_step.resolve_path(cfg.hardware.calibration)),
+                                "held_out": self.calibration["step"]["held_out"],
+                                "calibrated": sum(bool(r.calibrated) for r in ranked)}} if self.calibration else {}),
+            "tie_width": self.tie_width, "tied": len(tied),
             "communication_settings": [c.describe() for c in self.comms],
             # overrides for the best: the rest follow from parallel, micro_batch_size and recompute
             "candidates": [{**r.as_dict(), **({"tied": i < len(tied)} if r.rank else {}),
@@ -672,25 +705,28 @@ def _unpack(c: Candidate, row: tuple, violations: list[list[str]], comms: list[C
                   comm=None if comm is None else comms[comm])
 
 
-def tied_set(ranked: list[Result]) -> list[Result]:
-    """The leading ranked layouts the step model cannot tell from the best: predicted within
-    :func:`moe_hydra.planning.step_model.tie_width` of its step time (the held-out error of the ratio of two
-    predictions). What screening measures, rather than a fixed top-K."""
+def tied_set(ranked: list[Result], width: float | None = None) -> list[Result]:
+    """The leading ranked layouts the step model cannot tell from the best: predicted within ``width`` of its step
+    time (:func:`moe_hydra.planning.step_model.tie_width`, the held-out error of the ratio of two predictions, by
+    default; a calibration's held-out error with one), from the same source as the best's. What screening
+    measures, rather than a fixed top-K."""
     if not ranked:
         return []
-    bound = ranked[0].terms["step"] * step_model.tie_width()
-    return list(itertools.takewhile(lambda r: r.terms["step"] <= bound, ranked))
+    bound = ranked[0].terms["step"] * (width or step_model.tie_width())
+    return list(itertools.takewhile(lambda r: r.terms["step"] <= bound and r.calibrated == ranked[0].calibrated,
+                                    ranked))
 
 
 def _priority(r: Result, domain: int, seq: int) -> tuple:
     c = r.candidate
-    return (c.cp > 1 and seq < CP_FROM_SEQ, c.etp > 1, round(r.terms["step"], 6), c.tp * c.cp * c.pp,
-            c.ep * c.etp > domain, c.vpp or 1, -c.mbs)
+    return (r.calibrated is False, c.cp > 1 and seq < CP_FROM_SEQ, c.etp > 1, round(r.terms["step"], 6),
+            c.tp * c.cp * c.pp, c.ep * c.etp > domain, c.vpp or 1, -c.mbs)
 
 
 def rank(results: list[Result], domain: int, seq: int) -> None:
-    """Rank the legal candidates that fit (or whose fit is unknown): CP only for long sequences and
-    ETP 1 first (docs/workflow.md), then by step time, then the other priorities."""
+    """Rank the legal candidates that fit (or whose fit is unknown): with a calibration, those it predicts first
+    (two sources' step times do not compare); CP only for long sequences and ETP 1 first (docs/workflow.md), then by
+    step time, then the other priorities."""
     ok = [r for r in results if r.legal and r.fits is not False]
     for i, r in enumerate(sorted(ok, key=lambda r: _priority(r, domain, seq)), 1):
         r.rank = i

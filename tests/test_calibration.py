@@ -163,7 +163,7 @@ def test_the_plans_interval_and_the_searchs_tie_width_read_the_records_held_out_
         assert st["interval_s"] == pytest.approx([st["seconds"] / spread, st["seconds"] * spread])
     width = math.exp(held["ranking_p90"])
     assert step_model.tie_width() == pytest.approx(width)
-    ranked = [SimpleNamespace(terms={"step": s}) for s in (1.0, 0.999 * width, 1.001 * width)]
+    ranked = [SimpleNamespace(terms={"step": s}, calibrated=None) for s in (1.0, 0.999 * width, 1.001 * width)]
     assert len(search.tied_set(ranked)) == 2
 
 

@@ -142,3 +142,15 @@ def test_a_file_without_a_fitted_step_is_refused(tmp_path):
     old.write_text(json.dumps({"calibration_version": 1, "machine": {}, "measurements": []}))
     with pytest.raises(ValueError, match="holds no fitted step"):
         cs.load(old)
+
+
+def test_a_calibration_being_made_does_not_read_the_one_named():
+    """A site file may name the calibration.json that stage=calibrate is about to write: its plan reads none (no
+    K01, no step time from it), while stage=plan with the same file missing is refused."""
+    from moe_hydra.planning import rules
+    from moe_hydra.core.versions import mcore_facts
+
+    missing = "hardware.calibration=/nonexistent/moe_hydra/calibration.json"
+    r = resolve(compose_config("stage=calibrate", missing))
+    assert not rules.check(r, mcore_facts()) and make_plan(r)["step_time"] is None
+    assert [v.rule for v in rules.check(resolve(compose_config(missing)), mcore_facts())] == ["K01"]

@@ -267,6 +267,12 @@ def _installed(distribution: str) -> str | None:
         return None
 
 
+def named(cfg: Any) -> str | None:
+    """The calibration a plan of ``cfg`` reads: ``hardware.calibration``, but none while ``stage=calibrate`` makes
+    one (a site file may name the file that calibration is about to write)."""
+    return None if cfg.stage == "calibrate" else cfg.hardware.calibration
+
+
 def resolve_path(path: str | Path) -> Path:
     """``hardware.calibration`` as a path: absolute as it is; relative to ``$MOE_HYDRA_SITE`` when set (a site
     file names its cluster's calibration), else to the current directory."""

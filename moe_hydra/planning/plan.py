@@ -50,7 +50,7 @@ from moe_hydra.planning import memory, rules, step_time
 
 def _notes(r: Resolved) -> list[str]:
     hw, lo, notes = r.cfg.hardware, r.layout, []
-    if hw.calibration:
+    if calibrated_step.named(r.cfg):
         notes += calibrated_step.other_versions(calibrated_step.load(hw.calibration)[0], hw.calibration)
     if hw.arch == "cpu":
         return notes

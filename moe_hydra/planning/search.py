@@ -364,7 +364,7 @@ class Search:
         self.base_dispatcher, self.base_overlap = cfg.dispatcher.name, cfg.overlap.overlap_moe_expert_parallel_comm
         # hardware.calibration: the layouts it holds for are ranked by what it measured, their ties by its held-out
         # error (the rules refused a file that is none, or of another device kind or implementation: K01)
-        self.calibration = calibrated_step.load(cfg.hardware.calibration)[0] if cfg.hardware.calibration else None
+        self.calibration = calibrated_step.load(cfg.hardware.calibration)[0] if calibrated_step.named(cfg) else None
         self.tie_width = (math.exp(self.calibration["step"]["held_out"]["p90"]) if self.calibration
                           else step_model.tie_width())
 

@@ -19,7 +19,7 @@ def prediction(r: Resolved, dense_params: int, expert_params: int, flops_per_tok
     """The plan's step time: :func:`calibrated` when the calibration holds for the plan; else the priors'
     (``dense_params``, ``expert_params``: the most loaded rank's), with the calibration's ``differences`` when one
     was named."""
-    if not r.cfg.hardware.calibration:
+    if not calibrated_step.named(r.cfg):
         return step_model.prediction(r, dense_params, expert_params, flops_per_token)
     measured = calibrated(r, flops_per_token)
     if measured["seconds"] is not None:

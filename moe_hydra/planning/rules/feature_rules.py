@@ -521,8 +521,8 @@ def k01_calibration(c: Ctx):
     from moe_hydra.core import calibrated_step
     from moe_hydra.core.resolved import Implementation
 
-    path = c.cfg.hardware.calibration
-    if not path or c.cfg.stage == "calibrate":  # a calibration being made does not read the one set (a site's)
+    path = calibrated_step.named(c.cfg)
+    if not path:
         return
     fix = ("hardware.calibration=null (the fitted priors), or hardware.calibration=<a calibration.json of this "
            "machine> (make one: python -m moe_hydra stage=calibrate hydra.run.dir=DIR)")

@@ -247,24 +247,15 @@ def other_device(machine: dict[str, Any], hardware: Any) -> str | None:
 def other_versions(cal: dict[str, Any], path: str) -> list[str]:
     """A note for each software version the calibration was measured with that differs from this install's (torch,
     megatron-core): the calibration is used, its kernels may have changed since."""
-    from moe_hydra.core.versions import installed_mcore_version
+    from moe_hydra.core.versions import installed_mcore_version, installed_version
 
     machine, notes = cal.get("machine") or {}, []
-    for name, here in (("torch", _installed("torch")), ("megatron_core", installed_mcore_version())):
+    for name, here in (("torch", installed_version("torch")), ("megatron_core", installed_mcore_version())):
         there = machine.get(name)
         if there and here and there.split("+")[0] != here.split("+")[0]:
             notes.append(f"hardware.calibration {path} was measured with {name} {there}, this install has {here}: "
                          "its step times may have moved since (calibrate again: stage=calibrate)")
     return notes
-
-
-def _installed(distribution: str) -> str | None:
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def named(cfg: Any) -> str | None:

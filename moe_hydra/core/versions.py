@@ -30,13 +30,18 @@ def _key(version: str) -> tuple[int, int, int]:
     return tuple(nums + [0] * (3 - len(nums)))  # type: ignore[return-value]
 
 
+def installed_version(distribution: str) -> str | None:
+    """The installed version of ``distribution`` (its metadata, nothing imported), or None when it is not installed."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 @functools.lru_cache(maxsize=1)
 def installed_mcore_version() -> str | None:
     """The installed megatron-core version, or None when it is not installed."""
-    try:
-        return importlib.metadata.version("megatron-core")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    return installed_version("megatron-core")
 
 
 @dataclass(frozen=True, slots=True)

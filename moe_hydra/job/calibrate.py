@@ -462,9 +462,9 @@ def fit_steps(measured: list[dict[str, Any]], r: Any) -> dict[str, Any]:
                               for g in cs.VARIANT_GROUPS},
                  **cs.derive([shape(x) for x in own], [x["median_s"] for x in own]), "variants": []}
         options = dict.fromkeys((x["group"], x["option"]) for x in lay["measurements"] if "option" in x)
+        pairs = [x for x in lay["measurements"] if x.get("paired")]  # at each variant's shapes, in their order
         for group, option in options:
             rows = [x for x in lay["measurements"] if x.get("group") == group and x.get("option") == option]
-            pairs = [x for x in lay["measurements"] if x.get("paired")]  # at the same shapes, in the same order
             entry["variants"].append({"group": group, "option": option, "config": rows[0]["config"],
                                       **cs.variant_factor(entry["coefficients"], [shape(x) for x in rows],
                                                           [x["median_s"] for x in rows],

@@ -40,7 +40,6 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import importlib
-import importlib.metadata
 import importlib.util
 import json
 import os
@@ -60,6 +59,7 @@ from typing import Any
 
 import moe_hydra
 from moe_hydra.core.errors import Failed
+from moe_hydra.core.versions import installed_version
 
 SWITCH = "MOE_HYDRA_WARM"  # 0: never; 1: always; unset: the config
 IDLE = "MOE_HYDRA_WARM_IDLE_S"  # seconds a server waits for its next request
@@ -149,13 +149,6 @@ def sources() -> list[tuple[str, int, int]]:
     return out
 
 
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def _umask() -> int:
     try:  # read, not set and restored: another thread may be creating a file
         status = Path("/proc/self/status").read_text()
@@ -177,7 +170,7 @@ def key_facts() -> dict[str, Any]:
         "version": sys.version,
         "path": import_path(),
         "origins": origins(),
-        "distributions": {d: _version(d) for d in ("torch", "megatron-core", "numpy")},
+        "distributions": {d: installed_version(d) for d in ("torch", "megatron-core", "numpy")},
         "sources": sources(),
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(KEYED_ENV) and k not in UNKEYED_ENV},
         "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,

@@ -6,7 +6,7 @@
 2. real runs of configurations the calibration never measured — 4 layers (it measured 1 and 2 a stage), other
    micro-batches, sequences and micro-batches a step — over both models: DP/TP/EP/PP 2, micro-batch 1/2/4/8,
    sequence 128/256/512, alltoall/allgather, recompute none/selective/full; each run ``--runs`` times with a
-   steady window of ``--window`` steps (40 by default: this CPU's steps vary up to 2x);
+   steady window of ``--window`` steps (40 by default: this CPU's steps vary up to 2x) after 15 warm-up steps;
 3. each configuration's plan with the calibration (``stage=plan hardware.calibration=...``) against its mean
    measured step: |ln(predicted/measured)| printed beside its run-to-run noise (|ln| of its two runs' ratio), then
    median, p90 and worst over all; and per group of layouts of one model and batch, whether the measured best is
@@ -50,6 +50,7 @@ SINGLES = [
     ("mbs2-seq256-M4", "PP2", ["train.micro_batch_size=2", "train.global_batch_size=8", "train.seq_length=256"]),
 ]
 DEPTH = ["model.num_layers=4"]
+WARMUP = 15  # steps before a run's window: this CPU's steps still fall for about 20 steps after the start
 
 
 def _cli(args: list[str], timeout: int = 1800) -> subprocess.CompletedProcess:
@@ -98,8 +99,9 @@ def measure(root: Path, name: str, overrides: list[str], runs: int, window: int)
     for i in range(runs):
         d = root / "runs" / f"{name}-{i}"
         if not (d / "results.json").exists():
-            r = _cli([*BASE, *overrides, "contract.warmup_steps=5", f"contract.window=[6,{5 + window}]",
-                      f"train.train_iters={5 + window}", f"hydra.run.dir={d}"])
+            r = _cli([*BASE, *overrides, f"contract.warmup_steps={WARMUP}",
+                      f"contract.window=[{WARMUP + 1},{WARMUP + window}]", f"train.train_iters={WARMUP + window}",
+                      f"hydra.run.dir={d}"])
             if r.returncode != 0:
                 print(f"  {name}: run {i} failed: {(r.stdout + r.stderr).strip().splitlines()[-1]}", flush=True)
                 continue

@@ -346,10 +346,11 @@ def steps(job: Any, say: Callable[[str], None]) -> list[dict[str, Any]]:
     """The model's training step, as the job times it (Megatron-Core's blocks, forward and backward through its
     schedule, the optimizer step; the slowest rank's time), on shrunken models: on each layout of :func:`layouts`,
     at every shape of :func:`step_shapes` with the plan's settings, and at :func:`variant_shapes` with each variant
-    of :func:`variants`, right after the layout's own at that shape (one the rules refuse on a layout is left out
-    there, and said). A model is built once for each depth (and variant) and stepped at each of its shapes.
-    Returns, per layout: its ``parallel`` fields, the resolved plan of its first step, and its measurements (a
-    variant's with its ``group``, ``option`` and ``config``; the layout's own measured before them ``paired``)."""
+    of :func:`variants`, next to the layout's own at that shape (one the rules refuse on a layout is left out
+    there, and said). A model is built once for each depth (and variant) and stepped at each of its shapes, all of
+    a layout's steps in rounds (:func:`rounds`). Returns, per layout: its ``parallel`` fields, the resolved plan of
+    its first step, and its measurements (a variant's with its ``group``, ``option`` and ``config``; the layout's
+    own at the variants' shapes ``paired``)."""
     from megatron.core import parallel_state as ps
 
     from moe_hydra.core import calibrated_step
@@ -365,7 +366,7 @@ def steps(job: Any, say: Callable[[str], None]) -> list[dict[str, Any]]:
         ps.destroy_model_parallel()
         job.for_plan(first).init_model_parallel()
         own = {d: Built(job, shrunk(r, d, 1, longest, 1, fields)) for d in DEPTHS}
-        rows = [own[shape[0]].measure(shrunk(r, *shape, fields), say, repeats) for shape in step_shapes(seq)]
+        timers = [own[shape[0]].timer(shrunk(r, *shape, fields)) for shape in step_shapes(seq)]
         others = []
         for group, option, values in variants(r):
             refused = rules.check(shrunk(r, DEPTHS[0], 1, seq, 1, fields, {group: values}), mcore_facts())
@@ -375,74 +376,104 @@ def steps(job: Any, say: Callable[[str], None]) -> list[dict[str, Any]]:
             others.append((group, option, values,
                            {d: Built(job, shrunk(r, d, 1, longest, 1, fields, {group: values})) for d in DEPTHS}))
         for shape in variant_shapes(seq) if others else ():  # the layout's own, then each variant, at each shape
-            rows.append({**own[shape[0]].measure(shrunk(r, *shape, fields), say, repeats), "paired": True})
+            timers.append(own[shape[0]].timer(shrunk(r, *shape, fields), paired=True))
             for group, option, values, built in others:
                 v = shrunk(r, *shape, fields, {group: values})
-                rows.append({**built[shape[0]].measure(v, say, repeats), "group": group, "option": option,
-                             "config": calibrated_step.group_config(v.cfg, group)})
+                timers.append(built[shape[0]].timer(v, group=group, option=option,
+                                                    config=calibrated_step.group_config(v.cfg, group)))
+        rows = rounds(timers, repeats, say)
         for built in [*own.values(), *(b for *_, models in others for b in models.values())]:
             built.free()
         out.append({"parallel": fields, "resolved": first, "measurements": rows})
     return out
 
 
+def rounds(timers: list[StepTimer], repeats: int, say: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Every timer's steps, measured in ``repeats`` rounds of one step each, in their order: this CPU's speed drifts
+    by tens of percent over a minute (its first steps after a model is built run slowest), and rounds spread the
+    drift over every shape alike instead of loading it onto the first measured. Each model is first stepped
+    :data:`STEP_WARMUP` times (its buffers and the optimizer's states allocated), each timer once (its shape's
+    first step); both discarded. A measurement row per timer."""
+    for t in {id(t.built): t for t in timers}.values():
+        for _ in range(STEP_WARMUP):
+            t.step()
+    for t in timers:
+        t.step()
+    for _ in range(repeats):
+        for t in timers:
+            t.seconds.append(t.step())
+    return [t.row(say) for t in timers]
+
+
 class Built:
     """A shrunken model of one depth (and settings), built, wrapped in Megatron-Core's DDP and given its optimizer
-    on this rank, to be stepped at several shapes (:meth:`measure`): its micro-batch, sequence (up to the one it
-    was built for) and micro-batches a step change, the model does not."""
+    on this rank, to be stepped at several shapes (:meth:`timer`): its micro-batch, sequence (up to the one it was
+    built for) and micro-batches a step change, the model does not."""
 
     def __init__(self, job: Any, r: Any):
         self.job = job.for_plan(r)
         self.tcfg = self.job.transformer_config()
         self.model, self.optimizer = self.job.wrap_and_optimizer(self.tcfg, self.job.build_model(self.tcfg))
-        self.stepped = False  # its first steps allocate its buffers and the optimizer's states
 
-    def measure(self, r: Any, say: Callable[[str], None], repeats: int) -> dict[str, Any]:
-        """The step of shrunken plan ``r`` (this model's depth and settings): ``repeats`` steps on mock tokens
-        after :data:`STEP_WARMUP` discarded (1 once the model has been stepped), each the slowest rank's; a
-        measurement row."""
-        import torch
-        import torch.distributed as dist
-        from megatron.core import parallel_state as ps
-        from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
-
-        from moe_hydra.job.data import MockData
-
-        # Megatron-Core's per-layer MoE loss tracker is global, sized by the layers of the model that first saves
-        # into it: another depth's model may have more
-        get_moe_layer_wise_logging_tracker().clear()
-        j, b = self.job.for_plan(r), r.batch
-        data = MockData(r.cfg.model.vocab_size, b.seq_length, b.micro_batch_size, b.global_batch_size,
-                        b.micro_batches_per_step, r.cfg.data.seed)
-        forward_step = j._forward_step(data, self.tcfg)
-        j.memory_phases = None
-        dp_rank = ps.get_data_parallel_rank()
-        seconds, warmup = [], STEP_WARMUP if not self.stepped else 1
-        for i in range(warmup + repeats):
-            batches = [data.batch(i, dp_rank, mb) for mb in range(b.micro_batches_per_step)]
-            dist.barrier()
-            wall_ms = j._timed(self.model, self.optimizer, forward_step, batches)[0]
-            if i >= warmup:
-                seconds.append(wall_ms / 1e3)
-        self.stepped = True
-        slowest = torch.tensor(seconds, dtype=torch.float64, device=j.device)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # a step takes as long as its slowest rank
-        layers = max(len(x.layers) for x in r.split)
-        m = Measurement("step", {"layout": r.layout.describe(), "layers": layers, "pp": r.layout.pp,
-                                 "micro_batch_size": b.micro_batch_size, "seq_length": b.seq_length,
-                                 "microbatches": b.micro_batches_per_step},
-                        slowest.tolist(), float(b.tokens_per_step), "token", warmup=warmup)
-        say(f"step on {r.layout.describe()}: {layers} layer(s) a stage, micro-batch {b.micro_batch_size} x "
-            f"{b.seq_length} tokens, {b.micro_batches_per_step} a step"
-            + (f", {r.cfg.recompute.name} recompute" if r.cfg.recompute.recompute_granularity else "")
-            + f", {r.cfg.dispatcher.name}: {m.median_s * 1e3:.1f} ms")
-        return m.as_dict()
+    def timer(self, r: Any, **extra: Any) -> StepTimer:
+        """Steps of shrunken plan ``r`` (this model's depth and settings); ``extra`` goes into its row."""
+        return StepTimer(self, r, extra)
 
     def free(self) -> None:
         import gc
 
         del self.model, self.optimizer
         gc.collect()
+
+
+class StepTimer:
+    """One shape's steps on a built model: each on mock tokens, timed as the job times a step (``Job._timed``), after
+    a barrier; :meth:`row` reduces them to the slowest rank's."""
+
+    def __init__(self, built: Built, r: Any, extra: dict[str, Any]):
+        from megatron.core import parallel_state as ps
+
+        from moe_hydra.job.data import MockData
+
+        self.built, self.r, self.extra, self.seconds, self.calls = built, r, extra, [], 0
+        self.job, b = built.job.for_plan(r), r.batch
+        self.job.memory_phases = None
+        self.data = MockData(r.cfg.model.vocab_size, b.seq_length, b.micro_batch_size, b.global_batch_size,
+                             b.micro_batches_per_step, r.cfg.data.seed)
+        self.forward_step = self.job._forward_step(self.data, built.tcfg)
+        self.dp_rank = ps.get_data_parallel_rank()
+
+    def step(self) -> float:
+        """One step's seconds on this rank."""
+        import torch.distributed as dist
+        from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
+
+        # Megatron-Core's per-layer MoE loss tracker is global, sized by the layers of the model that first saves
+        # into it: the next step may be another depth's model
+        get_moe_layer_wise_logging_tracker().clear()
+        batches = [self.data.batch(self.calls, self.dp_rank, mb) for mb in range(self.r.batch.micro_batches_per_step)]
+        self.calls += 1
+        dist.barrier()
+        return self.job._timed(self.built.model, self.built.optimizer, self.forward_step, batches)[0] / 1e3
+
+    def row(self, say: Callable[[str], None]) -> dict[str, Any]:
+        """The measurement row: each step the slowest rank's."""
+        import torch
+        import torch.distributed as dist
+
+        r, b = self.r, self.r.batch
+        slowest = torch.tensor(self.seconds, dtype=torch.float64, device=self.job.device)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # a step takes as long as its slowest rank
+        layers = max(len(x.layers) for x in r.split)
+        m = Measurement("step", {"layout": r.layout.describe(), "layers": layers, "pp": r.layout.pp,
+                                 "micro_batch_size": b.micro_batch_size, "seq_length": b.seq_length,
+                                 "microbatches": b.micro_batches_per_step},
+                        slowest.tolist(), float(b.tokens_per_step), "token", warmup=self.calls - len(self.seconds))
+        say(f"step on {r.layout.describe()}: {layers} layer(s) a stage, micro-batch {b.micro_batch_size} x "
+            f"{b.seq_length} tokens, {b.micro_batches_per_step} a step"
+            + (f", {r.cfg.recompute.name} recompute" if r.cfg.recompute.recompute_granularity else "")
+            + f", {r.cfg.dispatcher.name}: {m.median_s * 1e3:.1f} ms")
+        return {**m.as_dict(), **self.extra}
 
 
 def fit_steps(measured: list[dict[str, Any]], r: Any) -> dict[str, Any]:

@@ -11,7 +11,9 @@ import random
 import pytest
 
 from moe_hydra.core import calibrated_step as cs
+from moe_hydra.core import params
 from moe_hydra.core.resolved import resolve
+from moe_hydra.planning.memory import grad_bytes, weight_bytes
 from moe_hydra.planning.plan import make_plan
 from tests.conftest import compose_config
 from moe_hydra.job.calibrate import step_shapes
@@ -90,8 +92,77 @@ def test_a_calibration_that_does_not_hold_for_the_plan_says_where(tmp_path):
     st = make_plan(resolve(compose_config(f"hardware.calibration={path}", "hardware.devices_per_node=2",
                                           "expert_mesh=ep2")))["step_time"]
     assert st["seconds"] is None and not st["calibration"]["applies"]
-    assert st["calibration"]["differences"] == ["processes.devices_per_node (1 calibrated, 2 here)",
-                                                "layout TP1 CP1 EP2 ETP1 PP1 DP2 (calibrated: TP1 CP1 EP1 ETP1 PP1 DP1)"]
+    assert st["calibration"]["differences"] == [
+        "processes 2 (calibrated on 1: a larger machine is predicted from a calibrated layout of the same TP, CP, EP, "
+        "ETP, PP over fewer data-parallel ranks, and none of TP1 CP1 EP1 ETP1 PP1 DP1 is TP1 CP1 EP2 ETP1 PP1 DP2 "
+        "with a smaller DP that divides its DP)"]
+    same = make_plan(resolve(compose_config(f"hardware.calibration={path}", "train.micro_batch_size=2",
+                                            "recompute=full")))["step_time"]  # same processes: the layout is named
+    assert same["calibration"]["differences"] == [
+        "recompute=full (measured on TP1 CP1 EP1 ETP1 PP1 DP1: none)"], same["calibration"]
+
+
+def _collectives(busbw: dict[int, float]) -> list[dict]:
+    """The distributed optimizer's collectives as calibrate records them: bus bandwidth (GB/s) by bytes a rank."""
+    return [{"kind": "collective", "op": op, "bytes": b, "group_size": 2, "busbw_gb_per_s": w}
+            for op in ("reduce_scatter", "all_gather") for b, w in busbw.items()]
+
+
+def test_a_larger_machine_is_extrapolated_from_the_measured_reduction(tmp_path):
+    """Calibrated on DP 2: DP 4 on one node of 4 is the DP 2 fit plus the larger groups' gradient reduction at the
+    measured bus bandwidth, interpolated in log size at the bytes a rank reduces; on two nodes of 2, the part
+    across nodes at the preset's scale-out bandwidth (not measured, said). The interval reaches the reduction in
+    full; with overlap_grad_reduce only the last bucket of it is exposed here (the layers hide the rest)."""
+    two = resolve(compose_config("hardware.devices_per_node=2"))
+    path = write_calibration(tmp_path / "cal.json", two, coefficients={**TRUE},
+                             measurements=_collectives({1 << 20: 1.0, 1 << 24: 3.0}))
+
+    def plan(*o):  # the plan's step_time, its most loaded rank's parameters, the plan
+        r = resolve(compose_config(*o))
+        worst = max(params.params_per_rank(r.arch, r.layout, r.split, te_spec=r.impl.te), key=lambda x: x.total)
+        return make_plan(resolve(compose_config(f"hardware.calibration={path}", *o)))["step_time"], worst, r
+
+    st, worst, r = plan("hardware.devices_per_node=4", "train.global_batch_size=16")
+    fit = cs.predict(TRUE, cs.shape_of(r))[0]
+    per_param = grad_bytes(r.cfg) + weight_bytes(r.cfg.precision)  # gradients' reduce-scatter + weights' all-gather
+    nbytes = max(worst.dense, worst.expert) * grad_bytes(r.cfg)
+    f = math.log(nbytes / (1 << 20)) / math.log(16)
+    intra = (1.0 + f * 2.0) * 1e9
+    full = per_param * (worst.dense + worst.expert) * (3 / 4 - 1 / 2) / intra
+    scaled = st["calibration"]["scaled_out"]
+    assert scaled["from"] == "TP1 CP1 EP1 ETP1 PP1 DP2" and scaled["dp"] == [2, 4] and scaled["nodes"] == [1, 1]
+    assert scaled["busbw_gb_per_s"] == pytest.approx(intra / 1e9) and scaled["reduction_s"] == pytest.approx(full)
+    assert st["seconds"] == pytest.approx(fit + full) and st["terms"]["data_parallel"] == pytest.approx(full)
+    assert st["interval_s"][1] == pytest.approx((fit + full) * math.exp(0.1))
+
+    st, worst, r = plan("hardware.nodes=2", "hardware.devices_per_node=2", "train.global_batch_size=16",
+                        "hardware.scaleout_bandwidth_gb_s=0.5")
+    inter = 0.5e9 * r.cfg.step_model.scaleout_efficiency
+    full = per_param * (worst.dense + worst.expert) * (1 / 2 / 2) / inter  # the 2 nodes' ring; the node's as measured
+    assert st["calibration"]["scaled_out"]["nodes"] == [1, 2]
+    assert st["seconds"] == pytest.approx(cs.predict(TRUE, cs.shape_of(r))[0] + full)
+    assert st["calibration"]["scaled_out"]["across_nodes_from"] == ("hardware.scaleout_bandwidth_gb_s 0.5 x "
+                                                                  "step_model.scaleout_efficiency: the calibration "
+                                                                  "measured one node")
+
+    overlapped = ["overlap.overlap_grad_reduce=true"]  # a setting the calibration holds for: calibrated with it
+    path = write_calibration(tmp_path / "overlap.json",
+                             resolve(compose_config("hardware.devices_per_node=2", *overlapped)), coefficients={**TRUE}, measurements=_collectives({1 << 20: 1.0, 1 << 24: 3.0}))
+    st, worst, r = plan("hardware.devices_per_node=4", "train.global_batch_size=16", *overlapped)
+    scaled = st["calibration"]["scaled_out"]
+    assert scaled["exposed_s"] == pytest.approx(scaled["reduction_s"] / r.batch.micro_batches_per_step)
+    assert st["interval_s"][1] == pytest.approx((st["seconds"] - scaled["exposed_s"] + scaled["reduction_s"])
+                                                * math.exp(0.1))
+
+
+def test_a_calibration_of_one_process_does_not_extrapolate(tmp_path):
+    """One process measured no collective: a larger machine is not predicted from it, and the plan says how."""
+    path = write_calibration(tmp_path / "cal.json", resolve(compose_config()))
+    st = make_plan(resolve(compose_config(f"hardware.calibration={path}", "hardware.devices_per_node=2")))["step_time"]
+    assert st["seconds"] is None
+    assert st["calibration"]["differences"] == [
+        "processes 2 (the calibration measured no reduce_scatter (calibrate on 2 or more processes to predict a "
+        "larger machine))"]
 
 
 def test_a_variant_scales_the_layers_by_its_measured_factor(tmp_path):

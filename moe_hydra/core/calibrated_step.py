@@ -193,13 +193,32 @@ def _plain(x: Any) -> Any:
 
 def estimate(step: dict[str, Any], r: Any) -> tuple[float, dict[str, float], dict[str, Any]] | list[str]:
     """A calibration's ``step`` at plan ``r``: (seconds, terms, what it used: the layout's fit, the variants'
-    factors, the held-out error the interval takes), or where the calibration does not hold for ``r``."""
-    differ = differences(step.get("holds") or {}, holds(r))
-    layout = layout_of(r)
-    fitted = next((x for x in step.get("layouts") or [] if x["layout"] == layout), None)
-    if fitted is None:
-        differ.append(f"layout {describe_layout(layout)} (calibrated: "
-                      + ", ".join(describe_layout(x["layout"]) for x in step.get("layouts") or []) + ")")
+    factors, the held-out error the interval takes), or where the calibration does not hold for ``r``.
+
+    On more processes than were calibrated, a layout is predicted from a calibrated layout of the same model
+    parallelism (TP, CP, EP, ETP, PP, VPP, SP) over fewer data-parallel ranks (:func:`scaled_from`): each rank's
+    work is the same at the same micro-batches, and ``scaled_out`` in what it used says from which layout; what
+    the larger data-parallel groups add (the gradients' reduction) is the caller's to add, from the measured
+    collectives (:func:`moe_hydra.planning.step_time.data_parallel_growth`)."""
+    calibrated, here = step.get("holds") or {}, holds(r)
+    differ = differences({k: v for k, v in calibrated.items() if k != "processes"},
+                         {k: v for k, v in here.items() if k != "processes"})
+    layout, fitted_layouts = layout_of(r), step.get("layouts") or []
+    scaled = None
+    if calibrated.get("processes") == here["processes"]:
+        fitted = next((x for x in fitted_layouts if x["layout"] == layout), None)
+        if fitted is None:
+            differ.append(f"layout {describe_layout(layout)} (calibrated: "
+                          + ", ".join(describe_layout(x["layout"]) for x in fitted_layouts) + ")")
+    else:
+        fitted = scaled = scaled_from(fitted_layouts, layout)
+        if fitted is None:
+            world = _world(calibrated.get("processes") or {})
+            differ.append(f"processes {_world(here['processes'])} (calibrated on {world}: a larger machine is "
+                          "predicted from a calibrated layout of the same TP, CP, EP, ETP, PP over fewer "
+                          "data-parallel ranks, and none of "
+                          + ", ".join(describe_layout(x["layout"]) for x in fitted_layouts)
+                          + f" is {describe_layout(layout)} with a smaller DP that divides its DP)")
     if differ:
         return differ
     shape = shape_of(r)
@@ -221,7 +240,24 @@ def estimate(step: dict[str, Any], r: Any) -> tuple[float, dict[str, float], dic
         worst_p90 = max(worst_p90, variant["held_out"]["p90"])
     seconds += (factor - 1) * terms["layers"]
     terms = {**terms, "layers": terms["layers"] * factor}
+    if scaled is not None:
+        used["scaled_out"] = {"from": describe_layout(scaled["layout"]), "dp": [scaled["layout"]["dp"], layout["dp"]],
+                              "processes": [_world(calibrated["processes"]), _world(here["processes"])],
+                              "nodes": [calibrated["processes"]["nodes"], here["processes"]["nodes"]]}
     return seconds, terms, {**used, "p90": worst_p90, "shape": asdict(shape)}
+
+
+def scaled_from(fitted: list[dict[str, Any]], layout: dict[str, Any]) -> dict[str, Any] | None:
+    """The calibrated layout a larger machine's ``layout`` is predicted from: the same sizes but DP, its DP a
+    divisor of ``layout``'s and smaller (the largest such: the least extrapolated); None when none is."""
+    same = [x for x in fitted if {k: v for k, v in x["layout"].items() if k != "dp"}
+            == {k: v for k, v in layout.items() if k != "dp"}
+            and x["layout"]["dp"] < layout["dp"] and layout["dp"] % x["layout"]["dp"] == 0]
+    return max(same, key=lambda x: x["layout"]["dp"], default=None)
+
+
+def _world(processes: dict[str, Any]) -> int:
+    return int(processes.get("nodes") or 1) * int(processes.get("devices_per_node") or 1)
 
 
 def differences(a: Any, b: Any, prefix: str = "") -> list[str]:

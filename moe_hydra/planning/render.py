@@ -87,6 +87,17 @@ def plan_table(plan: dict[str, Any]):
             where = (f"the calibration's held-out range on {measured['layout']}: p90 |ln| {measured['p90']:.2f}, "
                      "each measured step predicted by the fit of the others")
             source = f"calibrated on this machine: {measured['file']}, sha256 {measured['sha256'][:12]}"
+            scaled = measured.get("scaled_out")
+            if scaled:
+                where += (f"; up to the reduction in full: extrapolated from {scaled['from']} on "
+                          f"{scaled['processes'][0]} processes")
+                source += (f"; extrapolated to {scaled['processes'][1]} processes: the larger data-parallel groups' "
+                           f"gradient reduction adds {scaled['exposed_s'] * 1e3:.3g} ms exposed of "
+                           f"{scaled['reduction_s'] * 1e3:.3g} ms, at the measured "
+                           f"{'/'.join(scaled['collectives'])} {scaled['busbw_gb_per_s']:.3g} GB/s within a node"
+                           + ("" if scaled["nodes"][0] > 1 or scaled["nodes"][1] == 1 else
+                              f" and {scaled['across_nodes_gb_per_s']:.3g} GB/s across nodes (not measured: "
+                              f"{scaled['across_nodes_from'].split(':')[0]})"))
         else:
             where = f"90 % of held-out {'MoE' if st['interval_of'] == 'moe' else 'dense'} runs fall in this range"
             source = "moe_hydra.planning.step_model; a ranking aid"

@@ -60,7 +60,7 @@ from moe_hydra.core.arch import Arch
 from moe_hydra.core.layout import Layout
 from moe_hydra.core.resolved import Resolved, resolve
 from moe_hydra.core.versions import McoreFacts, mcore_facts
-from moe_hydra.planning import memory, plan, rules, step_model
+from moe_hydra.planning import memory, plan, rules, step_model, step_time
 from moe_hydra.planning.rules.base import READS, _divisors, cache_key
 from moe_hydra.planning.step_model import TERMS, StepModel
 
@@ -448,12 +448,7 @@ class Search:
                                                   for v in (*self.fixed_violations, *(v for f in found for v in f))]
             return Result(c, lo, messages)
         ranks_key = _RANKS(r)
-        cached = self.rank_params.get(ranks_key)
-        if cached is None:
-            ranks = params.params_per_rank(self.arch, lo, r.split, te_spec=self.impl.te)
-            cached = self.rank_params[ranks_key] = (ranks, memory.peak_candidates(self.arch, r.split, ranks),
-                                                    max(ranks, key=lambda x: x.total))
-        ranks, stages, worst = cached
+        ranks, stages, worst = self._rank_params(r)
         static_key = (ranks_key, _SHARDS(r))
         static = self.static.get(static_key)
         if static is None:  # the states depend on the parameters and their sharding only
@@ -464,6 +459,17 @@ class Search:
             comm, level, peak = self._fastest_comm(c, r, level, peak, worst, static, stages)
         terms = self.model.terms(r, worst.dense, worst.expert, self.recompute[level], comm.flex, comm.ep_overlap)
         return Result(c, lo, [], level, peak, fits, terms, comm=comm)
+
+    def _rank_params(self, r: Resolved) -> tuple:
+        """(each rank's parameters, the memory's peak candidates, the most loaded rank) of ``r``'s layout and
+        split, counted once per layout (``rank_params``)."""
+        key = _RANKS(r)
+        cached = self.rank_params.get(key)
+        if cached is None:
+            ranks = params.params_per_rank(self.arch, r.layout, r.split, te_spec=self.impl.te)
+            cached = self.rank_params[key] = (ranks, memory.peak_candidates(self.arch, r.split, ranks),
+                                              max(ranks, key=lambda x: x.total))
+        return cached
 
     def _fastest_comm(self, c: Candidate, r: Resolved, level: str, peak: float, worst, static,
                       stages) -> tuple[Comm, str, float]:
@@ -569,8 +575,9 @@ class Search:
         for res in results:
             if res.terms is None:
                 continue
-            estimate = calibrated_step.estimate(self.calibration["step"],
-                                                self.resolved(res.candidate, res.recompute, res.comm))
+            r = self.resolved(res.candidate, res.recompute, res.comm)
+            worst = self._rank_params(r)[2]
+            estimate = step_time.estimate(self.calibration, r, worst.dense, worst.expert)
             res.calibrated = not isinstance(estimate, list)
             if res.calibrated:
                 res.terms = {**estimate[1], "step": estimate[0]}

@@ -16,7 +16,9 @@
 #   profile    tiny_moe with profile=window: profile.json with CUDA activities, kernel time > 0, walls summing
 #              to the window
 #   harness    benchmarks/harness_overhead.py on the GPU: moe_hydra's step against a bare Megatron-Core loop
-#   rows       benchmarks/gpu_rows.py: those runs as rows of benchmarks/data/measured_runs.yaml (source moe-hydra-gpu)
+#   calibrate  stage=calibrate of tiny_moe and of the Qwen3 slice on this GPU (its layout, its variants)
+#   rows       benchmarks/gpu_rows.py: those runs as rows of benchmarks/data/measured_runs.yaml (source moe-hydra-gpu),
+#              each predicted from its model's calibration as held out (|ln| per run, median and worst)
 # Then: $OUT/gpu_check.tgz holds logs/, runs/, junit.xml, measured_rows.yaml, summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -83,7 +85,19 @@ PY
 if (( DRY )); then HARNESS=(--repeats 1 --steps 12); else HARNESS=(--repeats 3 --hardware h200_sxm); fi
 step harness_overhead 900 "$PY" benchmarks/harness_overhead.py --procs 1 "${HARNESS[@]}"
 
+# ---------------------------------------------------------------- calibrate this device; its predictions held out
+# the runs above never ran in a calibration: each calibrated model's runs are predicted from it (rows step)
+CALS=()
+if (( DRY )); then CALIBRATE=(tiny_moe); else CALIBRATE=(tiny_moe qwen3_30b_slice); fi
+for name in "${CALIBRATE[@]}"; do
+  # the slice's steps are long: its own layout and settings, 3 rounds (about a minute on an H200)
+  if [[ $name == tiny_moe ]]; then MODEL=(); else MODEL=("${SLICE[@]}" "calibrate.variants=[]" calibrate.step_repeats=3); fi
+  step "calibrate_$name" 420 "$PY" -m moe_hydra stage=calibrate "${GPU[@]}" "${LOCAL[@]}" "${MODEL[@]}" \
+    calibrate.layouts=plan "hydra.run.dir=$OUT/runs/calibration_$name"
+  CALS+=(--calibration "$OUT/runs/calibration_$name/calibration.json")
+done
+
 # ---------------------------------------------------------------- the runs as dataset rows, and the archive
-step rows 120 "$PY" benchmarks/gpu_rows.py "$OUT/runs" "$OUT/measured_rows.yaml"
+step rows 300 "$PY" benchmarks/gpu_rows.py "$OUT/runs" "$OUT/measured_rows.yaml" "${CALS[@]}"
 tar czf "$OUT/gpu_check.tgz" -C "$OUT" logs runs summary.txt $(cd "$OUT" && ls junit.xml measured_rows.yaml 2>/dev/null)
 echo "packed $OUT/gpu_check.tgz"

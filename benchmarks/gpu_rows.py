@@ -1,18 +1,29 @@
 """The runs of benchmarks/gpu_check.sh as rows of benchmarks/data/measured_runs.yaml (source ``moe-hydra-gpu``).
 
-    python benchmarks/gpu_rows.py RUNS_DIR OUT.yaml
+    python benchmarks/gpu_rows.py RUNS_DIR OUT.yaml [--calibration FILE ...]
 
 Each run directory (``hydra.run.dir``) holds ``plan.json`` and, for ``stage=run``, ``results.json``; a row takes its
 columns from the plan, its overrides from ``.hydra/overrides.yaml`` (less the output directory), and its figures
 from the results: the window's mean step time, TFLOP/s/GPU and tokens/s/GPU, the allocator's peak and the memory
 phases. Paste the rows under ``runs:`` (with a ``moe-hydra-gpu`` source naming the machine and date) and run
 ``python benchmarks/step_model_calibration.py --write-overrides``.
+
+With ``--calibration`` (a ``calibration.json`` of ``stage=calibrate`` on the same machine, which never ran these
+configurations): each measured run is planned again with ``hardware.calibration=FILE`` and the row's
+``estimate.calibrated_step_time_s`` is the calibration's prediction where it holds for the run; a line per run
+prints predicted against measured, |ln(predicted/measured)|, and the median and worst over them (issue 36's held-out
+check on a GPU).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
+import statistics
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -55,11 +66,55 @@ def row(run: Path) -> dict | None:
     }
 
 
+def calibrated(run: Path, calibrations: list[Path], scratch: Path) -> float | None:
+    """The step time the first calibration that holds for ``run`` predicts for it (its overrides planned again
+    with ``hardware.calibration``), or None."""
+    overrides = yaml.safe_load((run / ".hydra" / "overrides.yaml").read_text()) if (run / ".hydra").exists() else []
+    kept = [o for o in overrides if not o.startswith(("hydra.", "stage=", "profile="))]
+    for cal in calibrations:
+        out = scratch / f"{run.name}-{cal.parent.name}"
+        done = subprocess.run([sys.executable, "-m", "moe_hydra", "stage=plan", *kept,
+                               f"hardware.calibration={cal.resolve()}", f"hydra.run.dir={out}"],
+                              capture_output=True, text=True, check=False)
+        if done.returncode == 0:
+            seconds = (json.loads((out / "plan.json").read_text()).get("step_time") or {})
+            if (seconds.get("calibration") or {}).get("applies"):
+                return seconds["seconds"]
+    return None
+
+
 def main() -> None:
-    runs, out = Path(sys.argv[1]), Path(sys.argv[2])
-    rows = [r for d in sorted(p for p in runs.iterdir() if p.is_dir()) if (r := row(d))]
-    out.write_text(yaml.safe_dump({"runs": rows}, sort_keys=False, width=120))
-    print(f"{len(rows)} rows -> {out}")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", type=Path)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--calibration", type=Path, action="append", default=[],
+                    help="a calibration.json of this machine: predict each measured run from it")
+    a = ap.parse_args()
+    dirs = sorted(p for p in a.runs.iterdir() if p.is_dir() and not (p / "calibration.json").exists())
+    rows, errors = [], []
+    with tempfile.TemporaryDirectory() as scratch:
+        for d in dirs:
+            r = row(d)
+            if r is None:
+                continue
+            measured = r["published"]["step_time_s"]
+            if a.calibration and measured:
+                predicted = calibrated(d, a.calibration, Path(scratch))
+                r["estimate"]["calibrated_step_time_s"] = predicted
+                if predicted is None:
+                    print(f"{d.name}: no calibration holds for it")
+                else:
+                    errors.append(abs(math.log(predicted / measured)))
+                    print(f"{d.name}: calibrated {predicted * 1e3:.1f} ms, measured {measured * 1e3:.1f} ms, "
+                          f"|ln| {errors[-1]:.3f}")
+            rows.append(r)
+    if errors:
+        print(f"{len(errors)} runs held out from the calibration: median |ln| {statistics.median(errors):.3f}, "
+              f"worst {max(errors):.3f}")
+    a.out.write_text(yaml.safe_dump({"runs": rows}, sort_keys=False, width=120))
+    print(f"{len(rows)} rows -> {a.out}: to add them to the dataset, paste them under runs: in "
+          "benchmarks/data/measured_runs.yaml with a moe-hydra-gpu source naming the machine and date, then run "
+          "python benchmarks/step_model_calibration.py --write-overrides")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ step model reads (the median's). What is measured, and how a rate is defined:
   is the slowest rank's (what the step waits for), gathered to every rank.
 
 Times are wall clock (``time.perf_counter``) around the call, after ``torch.cuda.synchronize`` on a GPU (so the
-kernel's time is in it; host time apart from GPU time, with CUDA events, is the next part of the issue). Imports
+kernel's time is in it); a step's also on a GPU apart: the host's time to enqueue it and the device's (CUDA events
+around it, as the job times a step). Imports
 torch inside the functions, as the rest of the job.
 """
 
@@ -401,7 +402,7 @@ def rounds(timers: list[StepTimer], repeats: int, say: Callable[[str], None]) ->
         t.step()
     for _ in range(repeats):
         for t in timers:
-            t.seconds.append(t.step())
+            t.record()
     return [t.row(say) for t in timers]
 
 
@@ -436,6 +437,7 @@ class StepTimer:
         from moe_hydra.job.data import MockData
 
         self.built, self.r, self.extra, self.seconds, self.calls = built, r, extra, [], 0
+        self.host, self.device = [], []  # a GPU's: the host's time to enqueue the step, the CUDA events' span
         self.job, b = built.job.for_plan(r), r.batch
         self.job.memory_phases = None
         self.data = MockData(r.cfg.model.vocab_size, b.seq_length, b.micro_batch_size, b.global_batch_size,
@@ -443,8 +445,8 @@ class StepTimer:
         self.forward_step = self.job._forward_step(self.data, built.tcfg)
         self.dp_rank = ps.get_data_parallel_rank()
 
-    def step(self) -> float:
-        """One step's seconds on this rank."""
+    def step(self) -> tuple[float, float | None, float | None]:
+        """One step's seconds on this rank: wall, and on a GPU the host's and the device's (CUDA events)."""
         import torch.distributed as dist
         from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
 
@@ -454,7 +456,19 @@ class StepTimer:
         batches = [self.data.batch(self.calls, self.dp_rank, mb) for mb in range(self.r.batch.micro_batches_per_step)]
         self.calls += 1
         dist.barrier()
-        return self.job._timed(self.built.model, self.built.optimizer, self.forward_step, batches)[0] / 1e3
+        wall_ms, host_ms, device_ms = self.job._timed(self.built.model, self.built.optimizer, self.forward_step,
+                                                      batches)[:3]
+        if device_ms is None:
+            return wall_ms / 1e3, None, None
+        return wall_ms / 1e3, host_ms / 1e3, device_ms / 1e3
+
+    def record(self) -> None:
+        """One timed step."""
+        wall, host, device = self.step()
+        self.seconds.append(wall)
+        if device is not None:
+            self.host.append(host)
+            self.device.append(device)
 
     def row(self, say: Callable[[str], None]) -> dict[str, Any]:
         """The measurement row: each step the slowest rank's."""
@@ -469,11 +483,16 @@ class StepTimer:
                                  "micro_batch_size": b.micro_batch_size, "seq_length": b.seq_length,
                                  "microbatches": b.micro_batches_per_step},
                         slowest.tolist(), float(b.tokens_per_step), "token", warmup=self.calls - len(self.seconds))
+        apart = {}
+        if self.device:  # a GPU: where the step's time went, the host's enqueueing against the device's kernels
+            apart = {"host_median_s": statistics.median(self.host), "device_median_s": statistics.median(self.device)}
         say(f"step on {r.layout.describe()}: {layers} layer(s) a stage, micro-batch {b.micro_batch_size} x "
             f"{b.seq_length} tokens, {b.micro_batches_per_step} a step"
             + (f", {r.cfg.recompute.name} recompute" if r.cfg.recompute.recompute_granularity else "")
-            + f", {r.cfg.dispatcher.name}: {m.median_s * 1e3:.1f} ms")
-        return {**m.as_dict(), **self.extra}
+            + f", {r.cfg.dispatcher.name}: {m.median_s * 1e3:.1f} ms"
+            + (f" (device {apart['device_median_s'] * 1e3:.1f} ms, host {apart['host_median_s'] * 1e3:.1f} ms)"
+               if apart else ""))
+        return {**m.as_dict(), **apart, **self.extra}
 
 
 def fit_steps(measured: list[dict[str, Any]], r: Any) -> dict[str, Any]:
@@ -565,7 +584,10 @@ def worker(spec: dict[str, Any], job: Any) -> dict[str, Any] | None:
               "method": {"warmup_discarded": WARMUP, "repeats": REPEATS, "step_warmup_discarded": STEP_WARMUP,
                          "step_repeats": r.cfg.calibrate.step_repeats, "clock": "time.perf_counter, after "
                          "torch.cuda.synchronize on a GPU", "collective_time": "the slowest rank's",
-                         "step_time": "the slowest rank's, as the job times a step"}}
+                         "step_time": "the slowest rank's, as the job times a step",
+                         "step_order": "rounds: one step of every shape of a layout each, step_repeats rounds",
+                         "step_host_device": "on a GPU, rank 0's host_median_s (the host enqueueing the step) and "
+                                             "device_median_s (CUDA events around it)"}}
     io.write_json(record, out_dir / CALIBRATION_FILE)
     for lay in step["layouts"]:
         held = lay["held_out"]

@@ -67,6 +67,14 @@ def test_sweep_arms_get_a_verdict_and_outputs(tmp_path):
     assert run_command("compare", [str(tmp_path)]) == 0
     md = (tmp_path / "compare.md").read_text()
     assert "dispatcher=allgather" in md and "slower" in md and (tmp_path / "compare.png").stat().st_size > 1000
+    # the figure draws what compare.json says: each arm's run means, the difference, its interval, the noise floor
+    from PIL import Image
+
+    (drawn,) = json.loads(Image.open(tmp_path / "compare.png").text["Description"])["compare"]
+    (pair,) = json.loads((tmp_path / "compare.json").read_text())["pairs"]
+    assert drawn["ci"] == pair["ci"] and drawn["relative_difference"] == pair["relative_difference"] > 0.2
+    assert drawn["verdict"] == "slower" and drawn["noise_floor"] == pair["noise_floor"]["value"]
+    assert drawn["arms"] == pair["arms"] and [len(v) for v in drawn["run_means_ms"].values()] == [1, 1]
 
 
 def test_warmup_steps_never_enter(tmp_path):

@@ -114,6 +114,14 @@ def test_noise_command_writes_noise_json_into_the_first_directory(tmp_path, caps
     assert rec["contract"]["digest"] and len(rec["run_means_ms"]) == 6
     assert "run-to-run noise" in capsys.readouterr().out
     assert noises.load(d / "noise.json")["runs"] == 6
+    # noise.png draws the runs' means and the between/within split, the same figures as noise.json
+    from PIL import Image
+
+    drawn = json.loads(Image.open(d / "noise.png").text["Description"])["noise"]
+    assert drawn["run_means_ms"] == rec["run_means_ms"] and drawn["interval"] == rec["interval"]
+    c = rec["components"]
+    assert drawn["sigma_between_ms"] == pytest.approx(c["var_between_ms2"] ** 0.5)
+    assert drawn["sigma_within_of_a_mean_ms"] == pytest.approx((c["var_within_ms2"] / c["n0"]) ** 0.5)
     out = tmp_path / "elsewhere"
     assert run_command("noise", [str(d), "--out", str(out)]) == 0 and (out / "noise.json").is_file()
 

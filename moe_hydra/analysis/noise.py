@@ -148,6 +148,39 @@ def summary(record: dict[str, Any]) -> str:
 
 # --------------------------------------------------------------------------- reading noise.json
 
+def plot(record: dict[str, Any], path: Path) -> None:
+    """noise.png beside noise.json: each run's steady-window mean in run order against the grand mean and one
+    sigma_between either side; and the split of one run's mean's spread — sigma_between (run to run) against what
+    the steps within a run alone would give a mean of n0 steps (sigma_within / sqrt(n0)). The figures drawn are in
+    the PNG's ``Description`` text (JSON)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    means, grand = record["run_means_ms"], record["grand_mean_ms"]
+    c = record["components"]
+    between, within = math.sqrt(c["var_between_ms2"]), math.sqrt(c["var_within_ms2"] / c["n0"])
+    fig, (runs_ax, split_ax) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [1.6, 1]})
+    runs_ax.plot(range(1, len(means) + 1), means, "o")
+    runs_ax.axhline(grand, color="black", linewidth=1)
+    runs_ax.axhspan(grand - between, grand + between, color="grey", alpha=0.25, linewidth=0)
+    runs_ax.set_xlabel("run")
+    runs_ax.set_ylabel("steady-window mean step (ms)")
+    lo, hi = record["interval"]
+    runs_ax.set_title(f"run-to-run noise {record['run_to_run_noise']:.2%} [{lo:.2%}, {hi:.2%}], "
+                      f"{record['runs']} runs")
+    split_ax.bar(["run to run\n(sigma_between)", "within a run\n(sigma_within / sqrt(n0))"], [between, within],
+                 color=["tab:red", "tab:blue"])
+    split_ax.set_ylabel("spread of one run's mean (ms)")
+    split_ax.set_title(f"n0 = {c['n0']:.0f} steps a run")
+    fig.tight_layout()
+    drawn = {"run_means_ms": means, "grand_mean_ms": grand, "sigma_between_ms": between,
+             "sigma_within_of_a_mean_ms": within, "run_to_run_noise": record["run_to_run_noise"], "interval": [lo, hi]}
+    fig.savefig(path, dpi=100, metadata={"Description": json.dumps(io.finite({"noise": drawn}))})
+    plt.close(fig)
+
+
 def load(path: Path) -> dict[str, Any]:
     """A noise file, checked: source measured, run_to_run_noise a fraction in [0, 1), df positive.
 

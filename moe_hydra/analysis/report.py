@@ -1,6 +1,6 @@
 """compare's output: the verdict table on the terminal, ``compare.md``, ``compare.json`` (the verdicts,
-machine-readable), ``compare.png`` (step-time distributions per arm) and ``--diff``'s report. Values from the files
-are text, never markup: rich's markup is escaped, and matplotlib's mathtext ``$`` too.
+machine-readable), ``compare.png`` (each arm's runs, each difference with its interval against the noise) and
+``--diff``'s report. Values from the files are text, never markup: rich's markup is escaped, and matplotlib's mathtext ``$`` too.
 
 ``compare.json`` (``compare_version`` 1): ``pairs``, one per candidate arm against its baseline: ``variable`` (the
 variables, comma-separated), ``variables``, ``contract_hash``, ``arms`` ([baseline, candidate]), ``runs``
@@ -16,6 +16,7 @@ undecided; null when not tested), ``noise_floor``
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -87,22 +88,61 @@ def _plain(label: str) -> str:
 
 
 def plot(comps: list[Comparison], path: Path) -> None:
+    """compare.png: a row per comparison — each arm's runs (a dot per run's steady-window mean, a bar at the arm's
+    mean), and each candidate's difference from the baseline with its 95 % interval, against the run-to-run noise
+    its verdict used (grey) and the equivalence margin (dashed). The figures drawn are in the PNG's
+    ``Description`` text (JSON), the same as compare.json's."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
-    fig, axes = plt.subplots(1, len(comps), figsize=(6 * len(comps), 4), squeeze=False)
-    for ax, c in zip(axes[0], comps):
+    fig, axes = plt.subplots(len(comps), 2, figsize=(12, 3.8 * len(comps)), squeeze=False,
+                             gridspec_kw={"width_ratios": [1, 1.3]})
+    drawn = []
+    for (runs_ax, diff_ax), c in zip(axes, comps):
         names = list(c.arms)
-        data = [[t for r in c.arms[n] for t in r.window_steps] for n in names]
-        ax.boxplot(data, showmeans=True)
-        labels = [_plain(n if len(n) < 30 else n[:27] + "...") for n in names]
-        ax.set_xticks(range(1, len(names) + 1), labels, rotation=15)
-        ax.set_ylabel("steady-window step time (ms)")
-        ax.set_title(_plain(f"{', '.join(c.variables)} [{c.contract_hash[:8]}]"))
+        for x, name in enumerate(names):
+            means = [r.window_mean for r in c.arms[name]]
+            spread = [x + 0.12 * (i - (len(means) - 1) / 2) / max(len(means), 1) for i in range(len(means))]
+            runs_ax.scatter(spread, means, s=22, zorder=3)
+            runs_ax.hlines(sum(means) / len(means), x - 0.3, x + 0.3, color="black", linewidth=1.5)
+        runs_ax.set_xticks(range(len(names)), [_plain(n if len(n) < 30 else n[:27] + "...") for n in names],
+                           rotation=15)
+        runs_ax.set_ylabel("run's steady-window mean step (ms)")
+        runs_ax.set_title(_plain(f"{', '.join(c.variables)} [{c.contract_hash[:8]}]: one dot a run"))
+        judged = "time per token" if c.metric == contract.THROUGHPUT else "step time"
+        for y, (name, e) in enumerate(c.effects.items()):
+            floor = c.noise.get(name)
+            if floor is not None:
+                diff_ax.fill_betweenx([y - 0.35, y + 0.35], -100 * floor.value, 100 * floor.value, color="grey",
+                                      alpha=0.25, linewidth=0)
+            if e.margin is not None:
+                diff_ax.vlines([-100 * e.margin, 100 * e.margin], y - 0.4, y + 0.4, colors="tab:blue",
+                               linestyles="dashed")
+            color = {"faster": "tab:green", "slower": "tab:red", "equivalent": "tab:cyan"}.get(e.verdict, "tab:orange")
+            diff_ax.errorbar([100 * e.rel_step_time], [y], xerr=[[100 * (e.rel_step_time - e.ci_low)],
+                                                                 [100 * (e.ci_high - e.rel_step_time)]],
+                             fmt="o", capsize=5, color=color)
+            diff_ax.annotate(e.verdict, (100 * e.ci_high, y), xytext=(6, 0), textcoords="offset points",
+                             va="center", color=color)
+            drawn.append({"variable": ", ".join(c.variables), "arms": [c.baseline, name], "judged_as": judged,
+                          "run_means_ms": {n: [r.window_mean for r in c.arms[n]] for n in (c.baseline, name)},
+                          "relative_difference": e.rel_step_time, "ci": [e.ci_low, e.ci_high], "verdict": e.verdict,
+                          "noise_floor": floor.value if floor is not None else None, "margin": e.margin})
+        diff_ax.axvline(0, color="black", linewidth=0.8)
+        diff_ax.set_yticks(range(len(c.effects)), [_plain(n if len(n) < 24 else n[:21] + "...") for n in c.effects])
+        diff_ax.set_ylim(-0.6, len(c.effects) - 0.4)
+        diff_ax.margins(x=0.12)  # room for the verdicts written after the intervals
+        diff_ax.set_title(_plain(f"against {c.baseline}"))
+        diff_ax.set_xlabel(f"difference in {judged}, % (95 % interval)")
+        diff_ax.legend(handles=[Patch(color="grey", alpha=0.25, label="run-to-run noise"),
+                                Line2D([], [], color="tab:blue", linestyle="dashed", label="equivalence margin")],
+                       loc="best", fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, metadata={"Description": json.dumps(io.finite({"compare": drawn}))})
     plt.close(fig)
 
 

@@ -4,7 +4,7 @@
 
 The repeats (e.g. ``python -m moe_hydra repeat=0,1,2,3,4,5,6,7 -m``, locally or on Slurm) give the between-run
 variance of one run's steady-window mean, written to ``noise.json`` in the first
-directory (or ``--out``). Point compare at it with ``--noise FILE`` or ``compare.noise_file`` (a site file sets it
+directory (or ``--out``), and ``noise.png`` beside it (the runs' means, the between/within split). Point compare at it with ``--noise FILE`` or ``compare.noise_file`` (a site file sets it
 once for a cluster); ``repeat=auto`` reads it to decide an A/B in the fewest runs.
 
 examples:
@@ -59,8 +59,9 @@ def run(args: argparse.Namespace) -> int:
     print(noises.summary(record))
     try:
         write_json(record, path)
+        noises.plot(record, path.with_suffix(".png"))
     except OSError as e:
         raise Failed(f"cannot write {path}: {e.strerror or e}; choose a directory with --out DIR") from None
-    print(f"written: {path}\n  compare with it: moe-hydra compare DIR --noise {path}  (or set "
+    print(f"written: {path}, {path.with_suffix('.png').name}\n  compare with it: moe-hydra compare DIR --noise {path}  (or set "
           f"compare.noise_file={path.resolve()} in a site file)")
     return EXIT_OK

@@ -195,6 +195,7 @@ def test_tune_from_a_poor_start_ends_faster_and_resumes_after_a_kill(tmp_path):
     retuned = next(s for s in journal["stages"] if s["stage"] == "retune")
     assert retuned["trials"] and retuned["profiles"][0]["dominant"] in retune.WALLS
     assert (d / "tune.md").read_text().count("## ") >= 6 and (d / "tune.png").stat().st_size > 1000
+    assert "![tune](tune.png)" in (d / "tune.md").read_text()  # the report embeds its figure
     assert set(journal["gpu_hours_by_stage"]) >= {"fit", "scale", "profile", "retune", "validate"}
     assert {p.name for p in (d / "best").iterdir()} >= {"megatron-lm.sh", "bridge.txt", "overrides.txt",
                                                         "baseline.json"}

@@ -1,9 +1,10 @@
 """A bisection's answer, from its journal (bisect.json): ``bisect.md``, the answer first — which units explain how
 much of the regression, with the interval, and the walls that moved — then the difference, the reproduction and
-every trial."""
+every trial; ``bisect.png`` draws the trials (embedded in bisect.md)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,51 @@ def markdown(j: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def plot(j: dict[str, Any], path: Path) -> None:
+    """bisect.png: the reproduction and every trial, a row each, as its A/B's step-time change against good with
+    its interval, coloured by outcome, against the trial's margin (half the regression) and the regression itself.
+    The figures drawn are in the PNG's ``Description`` text (JSON)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rep = j.get("reproduce") or {}
+    rows = [("bad (all units)", rep, "reproduce")] + [(" + ".join(t["units"]), t, t["outcome"])
+                                                      for t in j.get("trials") or []]
+    colours = {"fail": "tab:red", "pass": "tab:green", "unresolved": "tab:orange", "refused": "tab:grey",
+               "reproduce": "black"}
+    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.45 * len(rows)))
+    drawn = []
+    for y, (label, ab, outcome) in enumerate(rows):
+        rel, iv = ab.get("rel_step_time"), ab.get("interval")
+        drawn.append({"units": label, "outcome": outcome, "rel_step_time": rel, "interval": iv,
+                      "margin": ab.get("margin")})
+        if rel is None:
+            continue
+        err = [[100 * (rel - iv[0])], [100 * (iv[1] - rel)]] if isinstance(iv, list) and len(iv) == 2 else None
+        ax.errorbar([100 * rel], [y], xerr=err, fmt="o", capsize=4, color=colours.get(outcome, "tab:blue"))
+        ax.annotate(outcome, (100 * (iv[1] if err else rel), y), xytext=(6, 0), textcoords="offset points",
+                    va="center", fontsize=8, color=colours.get(outcome, "tab:blue"))
+        if ab.get("margin"):
+            ax.vlines([100 * ab["margin"]], y - 0.4, y + 0.4, colors="tab:blue", linestyles="dashed")
+    if rep.get("rel_step_time") is not None:
+        ax.axvline(100 * rep["rel_step_time"], color="black", linewidth=0.6, linestyle="dotted")
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_yticks(range(len(rows)), [r[0].replace("$", r"\$")[:60] for r in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.margins(x=0.15)
+    ax.set_xlabel("step time against good, % (interval); dashed: the trial's margin; dotted: the regression")
+    ax.set_title("bisect: the reproduction, then each trial in order")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, metadata={"Description": json.dumps(io.finite({"bisect": drawn}))})
+    plt.close(fig)
+
+
 def write(j: dict[str, Any], out_dir: Path) -> Path:
+    """bisect.md, with bisect.png (:func:`plot`) embedded; the markdown's path."""
     path = out_dir / "bisect.md"
-    io.write_text(path, markdown(j))
+    plot(j, out_dir / "bisect.png")
+    text = markdown(j).replace("\n## The difference", "\n![trials](bisect.png)\n\n## The difference", 1)
+    io.write_text(path, text)
     return path

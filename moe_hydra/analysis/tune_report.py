@@ -116,7 +116,10 @@ def plot(j: dict[str, Any], path: Path) -> None:
 
 
 def write(j: dict[str, Any], out_dir: Path) -> list[Path]:
+    """tune.md, with tune.png embedded after its first paragraph, and tune.png; their paths."""
     md, png = out_dir / "tune.md", out_dir / "tune.png"
-    io.write_text(md, markdown(j))
+    text = markdown(j)
+    head, sep, rest = text.partition("\n\n## ")
+    io.write_text(md, head + "\n\n![tune](tune.png)" + sep + rest if sep else text + "\n![tune](tune.png)\n")
     plot(j, png)
     return [md, png]

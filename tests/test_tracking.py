@@ -75,6 +75,19 @@ def _inspect(run_dir: Path, *flags: str) -> dict | list:
         return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
 
 
+def _live_history(history: list[dict], results: dict) -> None:
+    """The run's W&B history, as the job logged it while it ran: one row per step (a short run logs every step)
+    under Megatron-LM's keys, the step times results.json has, each MoE layer's router imbalance; and written
+    step by step, not at the end (the rows' timestamps span most of the steps' time)."""
+    steps = results["step_times_ms"]
+    assert [h["train/step"] for h in history] == list(range(1, len(steps) + 1)) == [h["_step"] for h in history]
+    assert [h["iteration-time"] for h in history] == pytest.approx([t / 1e3 for t in steps])
+    assert all(h["lm loss"] > 0 and h["grad-norm"] > 0 and h["learning-rate"] > 0 and h["throughput"] > 0
+               for h in history)
+    assert all(h["moe/imbalance_layer_0"] >= 1 and h["moe/imbalance_layer_1"] >= 1 for h in history)
+    assert history[-1]["_timestamp"] - history[0]["_timestamp"] >= 0.5 * sum(steps[1:]) / 1e3
+
+
 @pytest.mark.slow
 def test_offline_wandb_runs_carry_group_job_type_config_summary_and_no_secret(cli, tmp_path):
     secrets = {"WANDB_API_KEY": "not-a-real-key-123", "MY_TOKEN": "abc-secret-987", "NCCL_SOCKET_TOKEN": "tok-4242",
@@ -91,6 +104,9 @@ def test_offline_wandb_runs_carry_group_job_type_config_summary_and_no_secret(cl
         text = json.dumps(summary)
         assert results["contract_hash"] in text and arm.split("=")[1] in text
         assert "tiny_moe" in text and "steady/step_ms" in text  # config and the window summary
+        assert "router/imbalance_layer_1" in text  # results.json's router, per layer
+        history = [rec["history"]["item"] for rec in _inspect(run_dir) if rec.get("type") == "history"]
+        _live_history(history, results)
         records = json.dumps(_inspect(run_dir))
         assert arm in records  # job_type: the arm
         assert f"-{results['contract_hash'][:8]}" in records  # group: the sweep and its contract

@@ -104,6 +104,7 @@ DOMAINS: dict[str, tuple[float, float]] = {
     "train.seq_length": (1, 16 * M),
     "train.train_iters": (1, MAX_STEPS),
     "train.log_interval": (1, MAX_STEPS),
+    "logger.log_interval": (1, MAX_STEPS),
     "train.fail_at_step": (1, MAX_STEPS),
     "data.seed": (0, 2**32 - 1),
     "memory.cuda_context_gib": GIB,

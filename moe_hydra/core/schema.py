@@ -514,6 +514,9 @@ class LoggerConfig:
     mode: Optional[str] = None
     # The W&B group (the comparison); null = <sweep dir>-<contract_hash>.
     group: Optional[str] = None
+    # A W&B history row (and the routers' counts) every N steps, logged while the run runs (moe_hydra.job.live);
+    # null = every step for runs under 100 steps, else every 10th.
+    log_interval: Optional[int] = None
 
 
 @dataclass(kw_only=True, slots=True)

@@ -124,8 +124,14 @@ def worker(spec: dict[str, Any]) -> dict[str, Any] | None:
     origin = spec.get("startup") or startup.origin("in_process", first=True)
     stamp = {"results_version": results_schema.RESULTS_VERSION, "run_id": uuid.uuid4().hex}  # rank 0's is written
     results = None
+    from moe_hydra.job import live, tracking
+
+    live_log = None
+    if rank == 0:  # W&B starts beside the model's build
+        live_log = live.LiveLog(lambda: tracking.start(spec["config"], spec["plan"], out_dir, spec["plan"]["tracking"],
+                                                       r.cfg.logger), out_dir, r.train_iters)
     with Signals() as signals:
-        job = Job(r, spec["plan"], spec.get("env"), signals, stamp, origin)
+        job = Job(r, spec["plan"], spec.get("env"), signals, stamp, origin, live_log)
         try:
             results = job.run(out_dir)
         except BaseException as e:
@@ -135,10 +141,9 @@ def worker(spec: dict[str, Any]) -> dict[str, Any] | None:
                 write_json(results, out_dir / "results.json")
             raise
         finally:
-            if rank == 0 and results is not None:
-                from moe_hydra.job import tracking
-
-                tracking.log_run(spec["config"], results, out_dir, spec["plan"]["tracking"], r.cfg.logger)
+            run = live_log.close() if live_log is not None else None
+            if run is not None and results is not None:
+                tracking.finish(run, results, out_dir, r.cfg.logger)
     if job.stopped_by:
         raise Stopped(job.stopped_by, job.stopped_at)
     return results
@@ -221,8 +226,10 @@ class Job:
 
     def __init__(self, r: Resolved, plan: dict[str, Any], env_snapshot: dict[str, Any] | None = None,
                  signals: Signals | None = None, stamp: dict[str, Any] | None = None,
-                 origin: dict[str, Any] | None = None):
+                 origin: dict[str, Any] | None = None, live_log: Any = None):
         self.r, self.cfg, self.plan, self.env_snapshot = r, r.cfg, plan, env_snapshot
+        self.live_log = live_log  # rank 0's W&B run, fed while the job trains (moe_hydra.job.live.LiveLog)
+        self.router_logged: list[tuple[int, list[dict[str, Any]]]] = []  # (step, its routers' layers)
         self.signals, self.stamp = signals, stamp or {}
         self.origin = origin  # where the start-up is measured from (moe_hydra.core.startup.origin)
         self.startup: dict[str, Any] | None = None  # results.json startup, set at step 1
@@ -444,7 +451,7 @@ class Job:
         window step on rank 0)."""
         from megatron.core import parallel_state as ps
 
-        from moe_hydra.job import telemetry
+        from moe_hydra.job import live, telemetry
         from moe_hydra.job.data import make_data
         from moe_hydra.job.profile import Window
 
@@ -459,7 +466,10 @@ class Job:
         records: list[metrics.StepRecord] = []
         samples = []
         iters = self.r.train_iters
-        progress = _Progress(iters) if self.rank == 0 else None
+        every = live.log_interval(cfg.logger, iters)
+        router = self._router_stats(model)
+        progress = (_Progress(iters, cfg.contract.window[1], batch.tokens_per_step / self.world) if self.rank == 0
+                    else None)
         first, last = cfg.contract.window
         loop_ms = window_start = 0.0
         for step in range(1, iters + 1):
@@ -473,13 +483,17 @@ class Job:
             if step == t.fail_at_step:
                 raise RuntimeError(f"train.fail_at_step={step}: failing on purpose")
             self.window.begin(step)
+            if router is not None:
+                router.reset()
             rec, stop = self._step(step, model, optimizer, forward_step, batches)
             self.window.end(step, last_step=bool(stop) or step == iters)
             records.append(rec)
+            if step % every == 0 or step == iters or stop:  # the same steps on every rank
+                self._log_live(rec, router, optimizer, peak)
             if gpu is not None:
                 samples.append({"step": step, **gpu.sample()})
             if progress is not None:
-                progress.update(step)
+                progress.update(rec)
                 if step % t.log_interval == 0 or step == iters:
                     progress.log(metrics.log_line(rec, batch.tokens_per_step, self.world, self.plan["flops_per_token"],
                                                   peak, rec.memory_gib))
@@ -492,7 +506,34 @@ class Job:
                 break
         if progress is not None:
             progress.close()
+        if router is not None:
+            router.close()
         return records, (samples if gpu is not None else None), loop_ms
+
+    def _router_stats(self, model) -> Any:
+        """A MoE model's router counters (every rank, hooks on its own stage's routers), or None for a dense one."""
+        from moe_hydra.job import live
+
+        a = self.r.arch
+        if not a.experts:
+            return None
+        return live.RouterStats(model, self.cfg.model.num_layers + (self.cfg.model.mtp_num_layers or 0), a.experts,
+                                self.r.layout.ep, self.device)
+
+    def _log_live(self, rec: metrics.StepRecord, router: Any, optimizer, peak: float | None) -> None:
+        """A logged step: the routers' counts reduced (every rank), and on rank 0 its row queued for W&B."""
+        from moe_hydra.job import live
+
+        layers = router.collect(self.r.batch.micro_batches_per_step, self.world, self.r.layout.pp) if router else []
+        if self.rank != 0:
+            return
+        if layers:
+            self.router_logged.append((rec.step, layers))
+        if self.live_log is not None:
+            groups = getattr(optimizer, "param_groups", None) or [{}]
+            values = live.row(rec, self.r.batch.tokens_per_step, self.world, self.plan["flops_per_token"], peak,
+                              groups[0].get("lr"), tuple(self.cfg.contract.window))
+            self.live_log.log({**values, **live.router_row(layers)}, rec.step)
 
     def _step(self, step: int, model, optimizer, forward_step, batches) -> tuple[metrics.StepRecord, str | None]:
         """One timed step on every rank, after a barrier: forward/backward through Megatron's schedule and the
@@ -580,6 +621,8 @@ class Job:
     def _results(self, records, samples, loop_ms: float, memory: dict, evidence: dict,
                  profiled: dict | None) -> dict[str, Any]:
         """``results.json``: the plan's record, the steady window's figures and what produced each."""
+        from moe_hydra.job import live
+
         cfg, contract = self.cfg, self.cfg.contract
         peak, peak_field = metrics.peak_tflops(cfg.hardware, cfg.precision)
         stopped = {"status": "interrupted" if self.stopped_by == "SIGINT" else "terminated",
@@ -610,6 +653,8 @@ class Job:
             "startup": self.startup,
             # profile=window: the profiled steps' walls on the slowest rank (profile.json has every rank's)
             "profile": profiled,
+            # a MoE model's routers: per layer, tokens per expert and their imbalance over the window's logged steps
+            "router": live.router_summary(self.router_logged, tuple(contract.window)),
         }
 
     # ------------------------------------------------------------------ measurements
@@ -679,27 +724,42 @@ class Job:
 
 
 class _Progress:
-    """Rank 0's progress bar (on a terminal) with the metric lines printed above it.
+    """Rank 0's view of the run: on a terminal a live line — the step, the last step's time, tokens/s/GPU and loss,
+    and the time left to the end of the measured window at the steps' pace so far — with the metric lines printed
+    above it; elsewhere (CI, Slurm logs) the metric lines alone, every ``train.log_interval`` steps.
 
     Refreshed once per step from the training loop, never by a background thread, so it takes no
     CPU time from the steps it measures.
     """
 
-    def __init__(self, total: int):
+    def __init__(self, total: int, window_end: int, tokens_per_gpu: float):
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
         self.console = Console(stderr=True)
+        self.window_end, self.tokens_per_gpu = window_end, tokens_per_gpu
+        self.spent_ms = 0.0  # the steps' time so far: the pace the window's end is told from
         self.bar = None
         if self.console.is_terminal:
-            self.bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                                console=self.console, transient=True, auto_refresh=False)
-            self.task = self.bar.add_task("train", total=total)
+            self.bar = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.fields[now]}"), console=self.console, transient=True,
+                                auto_refresh=False)
+            self.task = self.bar.add_task("train", total=total, now="")
             self.bar.start()
 
-    def update(self, step: int) -> None:
+    @staticmethod
+    def now(rec: metrics.StepRecord, tokens_per_gpu: float, window_end: int, pace_ms: float) -> str:
+        """The live line's figures after step ``rec``; ``pace_ms`` the mean step so far."""
+        left = max(window_end - rec.step, 0) * pace_ms / 1e3
+        window = f"window ends in {left:.0f} s" if left else "window measured"
+        return (f"{rec.time_ms:.0f} ms/step  {tokens_per_gpu / (rec.time_ms / 1e3):,.0f} tokens/s/GPU  "
+                f"loss {rec.loss:.3f}  {window}")
+
+    def update(self, rec: metrics.StepRecord) -> None:
+        self.spent_ms += rec.time_ms
         if self.bar is not None:
-            self.bar.update(self.task, completed=step, refresh=True)
+            now = self.now(rec, self.tokens_per_gpu, self.window_end, self.spent_ms / rec.step)
+            self.bar.update(self.task, completed=rec.step, now=now, refresh=True)
 
     def log(self, line: str) -> None:
         self.console.print(line, highlight=False, soft_wrap=True)

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from moe_hydra.core.errors import EXIT_FAILED, EXIT_OK, EXIT_REFUSED, Failed, Refused
 from moe_hydra.core.io import read_json
+from moe_hydra.job import live
 from moe_hydra.launch import slurm_jobs
 from moe_hydra.launch.attempts import read_attempts
 from moe_hydra.launch.ledger import Point, fill_from_results, load_points, read_sweep, save_refreshed
@@ -294,6 +295,9 @@ def local_points(sweep_dir: Path) -> list[Point]:
         read = point_results(hydra_dir.parent)
         p.state, p.error = _local_outcome(hydra_dir.parent, stage, read)
         fill_from_results(p, complete(read[0]))
+        last = live.running(hydra_dir.parent) if p.state == "UNKNOWN" else None
+        if last is not None:  # still running: its last logged step, as rank 0 wrote it
+            p.state, p.error, p.last_step, p.step_time_ms = "RUNNING", None, last["step"], last["step_time_ms"]
         points.append(p)
     if not points:
         raise Refused(f"{sweep_dir} has no sweep.json and no point directories (is this a sweep directory?)")
@@ -321,7 +325,7 @@ def _local_outcome(point_dir: Path, stage: str | None, read: tuple[dict[str, Any
         return "FAILED", f"the estimator and Megatron-Core's build disagree (see {point_dir / 'fit.json'})"
     if stage == "plan" and (point_dir / "plan.json").exists():
         return "PLANNED", None
-    return "UNKNOWN", f"no outcome yet: running, or stopped before writing one (see {point_dir / 'app.log'})"
+    return "UNKNOWN", f"no outcome yet: starting, or stopped before writing one (see {point_dir / 'app.log'})"
 
 
 

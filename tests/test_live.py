@@ -59,6 +59,16 @@ def test_the_router_summary_averages_the_windows_logged_steps_per_layer():
     assert row["moe/load_balancing_loss_layer_0"] == 1.0
 
 
+def test_diff_names_an_imbalance_change_per_layer():
+    from moe_hydra.analysis.diagnosis import router_moved
+
+    a = {"layers": [{"layer": 0, "imbalance": 1.2}, {"layer": 1, "imbalance": 1.25}]}
+    b = {"layers": [{"layer": 0, "imbalance": 1.22}, {"layer": 1, "imbalance": 1.75}]}
+    assert router_moved(a, b) == "moved on layer 1 (1.25 -> 1.75, +40.0%)"
+    assert router_moved(a, a) == "steady (worst layer 1: 1.25 -> 1.25, +0.0%)"
+    assert router_moved(a, None) is None and router_moved(None, b) is None  # a dense model: no line
+
+
 @pytest.mark.slow
 def test_a_capacity_factor_of_half_drops_half_the_routed_slots_on_ep2(cli, tmp_path):
     """A real EP 2 run of tiny_moe with moe_expert_capacity_factor 0.5: each expert keeps at most half its even

@@ -113,6 +113,8 @@ def test_diff_reads_both_dispatchers_walls(runs):
              for k in ("alltoall", "allgather")]
     assert f"({means[0]:.1f} -> {means[1]:.1f} ms/step" in text
     assert "which moved" in text and "no profile" not in text
+    # the same weights and tokens route alike whatever carries them: the routers' imbalance did not move
+    assert "router imbalance: steady (worst layer" in text, text
 
 
 def test_diff_without_profiles_says_how_to_get_them(runs):

@@ -159,6 +159,31 @@ def diagnose(a: Run, b: Run, warn: Warn, noise_floor: float | None = None) -> di
         walls["host"] = moved("host_time_ms")
         which = "either run" if not (pa or pb) else str((b if pa else a).path)
         walls["communication"] = profiles.NO_PROFILE.format(which=which)
+    imbalance = router_moved(ra.get("router"), rb.get("router"))
+    if imbalance:
+        walls["router imbalance"] = imbalance
     return {"config": config, "reading": reading, "metric": metric, "unlike": unlike, "env": env,
             "noise_floor": noise.as_dict(), "step_time": effect.as_dict() if effect else None, "metrics": metrics,
             "walls": walls}
+
+
+def router_moved(a: dict[str, Any] | None, b: dict[str, Any] | None) -> str | None:
+    """How the routers' imbalance (results.json ``router``: max over mean tokens per expert, the window's mean)
+    moved from run ``a`` to ``b``, layer by layer: "moved on layer 1 (1.26 -> 1.64, +30.2%)" for the layers whose
+    imbalance changed by more than :data:`WALL_THRESHOLD`, else "steady" with the worst layer's; None when either
+    run has no router figures (a dense model, or a run from before they were counted)."""
+    if not a or not b:
+        return None
+    before = {x["layer"]: x.get("imbalance") for x in a.get("layers") or []}
+    changes = []
+    for x in b.get("layers") or []:
+        old, new = before.get(x["layer"]), x.get("imbalance")
+        if old and new is not None:
+            changes.append((x["layer"], old, new, new / old - 1))
+    if not changes:
+        return None
+    moved = [c for c in changes if abs(c[3]) > WALL_THRESHOLD]
+    if moved:
+        return "moved on " + ", ".join(f"layer {i} ({o:.2f} -> {n:.2f}, {r:+.1%})" for i, o, n, r in moved)
+    i, o, n, r = max(changes, key=lambda c: c[2])
+    return f"steady (worst layer {i}: {o:.2f} -> {n:.2f}, {r:+.1%})"

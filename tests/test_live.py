@@ -146,3 +146,38 @@ def test_a_run_on_a_terminal_shows_its_live_line(tmp_path):
     assert os.waitstatus_to_exitcode(status) == 0, text[-3000:]
     assert re.search(r"\d+/8 .*ms/step .*tokens/s/GPU .*loss \d+\.\d+ .*window ends in \d+ s", text), text[-3000:]
     assert re.search(r"step +8 +loss", text), text[-3000:]  # the metric lines still come
+
+
+def test_nvml_is_sampled_on_its_own_thread_and_the_loop_reads_the_latest():
+    """A fake NVML whose power rises on each reading: the sampler thread keeps reading it while the caller only
+    takes the latest sample (no NVML call on its own thread), with the temperature and throttle reasons."""
+    import threading
+
+    from moe_hydra.job import telemetry
+
+    callers = []
+
+    class FakeNvml:
+        NVML_CLOCK_SM, NVML_TEMPERATURE_GPU = 1, 0
+        readings = 0
+
+        def nvmlDeviceGetName(self, h): return "Fake GPU"  # noqa: E704
+        def nvmlSystemGetDriverVersion(self): return "1.0"  # noqa: E704
+        def nvmlDeviceGetMemoryInfo(self, h): return SimpleNamespace(used=2**30)  # noqa: E704
+        def nvmlDeviceGetClockInfo(self, h, kind): return 1980  # noqa: E704
+        def nvmlDeviceGetTemperature(self, h, kind): return 61  # noqa: E704
+        def nvmlDeviceGetCurrentClocksEventReasons(self, h): return 4  # noqa: E704
+
+        def nvmlDeviceGetPowerUsage(self, h):
+            callers.append(threading.current_thread().name)
+            FakeNvml.readings += 1
+            return 1000 * FakeNvml.readings
+
+    gpu = telemetry.Gpu(FakeNvml(), None, 0).start()
+    first = gpu.latest()
+    time.sleep(5 * telemetry.INTERVAL_S)
+    later = gpu.latest()
+    gpu.stop()
+    assert first["temperature_c"] == 61 and first["throttle_reasons"] == 4 and first["memory_used_gib"] == 1.0
+    assert later["power_w"] > first["power_w"]  # the thread went on reading
+    assert callers.count(threading.current_thread().name) == 1  # only start()'s first reading ran here

@@ -460,6 +460,8 @@ class Job:
         dp_rank = ps.get_data_parallel_rank()
         forward_step = self._forward_step(data, tcfg)
         gpu = telemetry.open_gpu(self.local_rank) if self.on_gpu else None
+        if gpu is not None:
+            gpu.start()  # NVML read on its own thread; the loop takes its latest sample
         self.memory_phases = MemoryPhases() if self.on_gpu else None
         peak, _ = metrics.peak_tflops(cfg.hardware, cfg.precision)
         self.window = Window(self.r.profile_steps, cfg.profile.tool, self.on_gpu, out_dir, self.rank, cfg.profile.top)
@@ -489,9 +491,9 @@ class Job:
             self.window.end(step, last_step=bool(stop) or step == iters)
             records.append(rec)
             if step % every == 0 or step == iters or stop:  # the same steps on every rank
-                self._log_live(rec, router, optimizer, peak)
+                self._log_live(rec, router, optimizer, peak, samples[-1] if gpu is not None else None)
             if gpu is not None:
-                samples.append({"step": step, **gpu.sample()})
+                samples.append({"step": step, **gpu.latest()})
             if progress is not None:
                 progress.update(rec)
                 if step % t.log_interval == 0 or step == iters:
@@ -508,6 +510,8 @@ class Job:
             progress.close()
         if router is not None:
             router.close()
+        if gpu is not None:
+            gpu.stop()
         return records, (samples if gpu is not None else None), loop_ms
 
     def _router_stats(self, model) -> Any:
@@ -520,8 +524,10 @@ class Job:
         return live.RouterStats(model, self.cfg.model.num_layers + (self.cfg.model.mtp_num_layers or 0), a.experts,
                                 self.r.layout.ep, self.device)
 
-    def _log_live(self, rec: metrics.StepRecord, router: Any, optimizer, peak: float | None) -> None:
-        """A logged step: the routers' counts reduced (every rank), and on rank 0 its row queued for W&B."""
+    def _log_live(self, rec: metrics.StepRecord, router: Any, optimizer, peak: float | None,
+                  gpu_sample: dict[str, Any] | None) -> None:
+        """A logged step: the routers' counts reduced (every rank), and on rank 0 its row queued for W&B (with
+        the GPU's latest NVML sample under ``gpu/``)."""
         from moe_hydra.job import live
 
         layers = router.collect(self.r.batch.micro_batches_per_step, self.world, self.r.layout.pp) if router else []
@@ -533,7 +539,8 @@ class Job:
             groups = getattr(optimizer, "param_groups", None) or [{}]
             values = live.row(rec, self.r.batch.tokens_per_step, self.world, self.plan["flops_per_token"], peak,
                               groups[0].get("lr"), tuple(self.cfg.contract.window))
-            self.live_log.log({**values, **live.router_row(layers)}, rec.step)
+            nvml = {f"gpu/{k}": v for k, v in (gpu_sample or {}).items() if k != "step"}
+            self.live_log.log({**values, **live.router_row(layers), **nvml}, rec.step)
 
     def _step(self, step: int, model, optimizer, forward_step, batches) -> tuple[metrics.StepRecord, str | None]:
         """One timed step on every rank, after a barrier: forward/backward through Megatron's schedule and the

@@ -181,3 +181,10 @@ def test_nvml_is_sampled_on_its_own_thread_and_the_loop_reads_the_latest():
     assert first["temperature_c"] == 61 and first["throttle_reasons"] == 4 and first["memory_used_gib"] == 1.0
     assert later["power_w"] > first["power_w"]  # the thread went on reading
     assert callers.count(threading.current_thread().name) == 1  # only start()'s first reading ran here
+
+
+def test_a_sweep_counts_its_points_from_its_sweep_overrides():
+    from moe_hydra.commands.run import sweep_size
+
+    assert sweep_size(["a=1,2", "b=x,y,z", "c=3"]) == 6 and sweep_size(["seed=range(0,4)"]) == 4
+    assert sweep_size(["c=1"]) == 1 and sweep_size(["lr=interval(0,1)"]) is None  # an interval has no count

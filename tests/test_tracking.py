@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -95,6 +96,10 @@ def test_offline_wandb_runs_carry_group_job_type_config_summary_and_no_secret(cl
     r = cli("dispatcher=alltoall,allgather", "-m", env=secrets, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "wandb sync" in r.stdout
+    # the sweep's line after each point: done by state, to go, the slowest point so far
+    assert "moe_hydra.sweep: 1 of 2 points done (1 COMPLETED), 1 to go; slowest so far #0 dispatcher=" in r.stderr
+    assert re.search(r"moe_hydra.sweep: 2 of 2 points done \(2 COMPLETED\); slowest so far #[01] dispatcher=\w+: "
+                     r"[0-9.]+ ms/step", r.stderr), r.stderr[-2000:]
     hashes = set()
     for i, arm in ((0, "dispatcher=alltoall"), (1, "dispatcher=allgather")):
         job = tmp_path / "multi" / str(i)

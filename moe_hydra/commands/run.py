@@ -54,6 +54,12 @@ class Outcomes(Callback):
 
     def __init__(self) -> None:
         self.outcomes: list[tuple[str, str]] = []  # (point, state) in sweep.json's vocabulary
+        self.points: int | None = None  # a multirun's points, when its sweep overrides tell
+        self.slowest: tuple[float, str] | None = None  # (ms/step, point) of the slowest point measured so far
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        basic = "BasicSweeper" in str(OmegaConf.select(config, "hydra.sweeper._target_", default=""))
+        self.points = sweep_size(OmegaConf.to_container(config.hydra.overrides.task)) if basic else None
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs) -> None:
         num = OmegaConf.select(config, "hydra.job.num", default=None)
@@ -65,6 +71,26 @@ class Outcomes(Callback):
         if isinstance(error, BaseException) and not isinstance(error, (Refused, Failed)):
             # not a refusal or a failed job the point reported: a bug, shown whole
             print(f"moe_hydra: {name} raised\n" + "".join(traceback.format_exception(error)), file=sys.stderr)
+        if multirun:
+            self._progress(name, OmegaConf.select(config, "hydra.runtime.output_dir", default=None))
+
+    def _progress(self, name: str, point_dir: str | None) -> None:
+        """A sweep's line after each point ends: points done by state, those to go, the slowest point so far."""
+        results = outcome.point_results(Path(point_dir))[0] if point_dir else None
+        ms = (results or {}).get("step_time_ms")
+        if ms and (self.slowest is None or ms > self.slowest[0]):
+            self.slowest = (ms, name)
+        counts: dict[str, int] = {}
+        for _, state in self.outcomes:
+            counts[state] = counts.get(state, 0) + 1
+        done = len(self.outcomes)
+        line = (f"moe_hydra.sweep: {done}{f' of {self.points}' if self.points else ''} points done ("
+                + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) + ")")
+        if self.points and self.points > done:
+            line += f", {self.points - done} to go"
+        if self.slowest:
+            line += f"; slowest so far {self.slowest[1]}: {self.slowest[0]:.1f} ms/step"
+        print(line, file=sys.stderr, flush=True)
 
     def on_run_end(self, config: DictConfig, **kwargs) -> None:
         self._exit()
@@ -107,6 +133,19 @@ class Claim(Callback):
         except Refused as e:
             print(f"moe_hydra: {e}", file=sys.stderr, flush=True)
             sys.exit(EXIT_REFUSED)
+
+
+def sweep_size(task: list[str]) -> int | None:
+    """The points a basic sweep of ``task`` (its command-line overrides) makes: the product of its sweep
+    overrides' choices; None when one cannot be counted (an interval, the layout sweeper's search)."""
+    size = 1
+    try:
+        for o in overrides.parse(task):
+            if o.is_sweep_override():
+                size *= len(list(o.sweep_iterator()))
+    except Exception:  # noqa: BLE001 - an interval sweep (no iterator) or a sweep Hydra's parser refuses
+        return None
+    return size
 
 
 def _sweep_context() -> tuple[list[str], str | None]:

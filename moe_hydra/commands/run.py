@@ -58,7 +58,9 @@ class Outcomes(Callback):
         self.slowest: tuple[float, str] | None = None  # (ms/step, point) of the slowest point measured so far
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        basic = "BasicSweeper" in str(OmegaConf.select(config, "hydra.sweeper._target_", default=""))
+        # the points sweeper (the default) expands as Hydra's basic one; the layout sweeper searches instead
+        target = str(OmegaConf.select(config, "hydra.sweeper._target_", default=""))
+        basic = target.endswith(("BasicSweeper", "PointsSweeper"))
         self.points = sweep_size(OmegaConf.to_container(config.hydra.overrides.task)) if basic else None
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs) -> None:

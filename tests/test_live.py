@@ -79,6 +79,9 @@ def test_a_capacity_factor_of_half_drops_half_the_routed_slots_on_ep2(cli, tmp_p
             "logger=none", "contract.window=[4,6]", timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "window ends in" not in r.stdout + r.stderr and re.search(r"step +6 +loss", r.stdout + r.stderr)  # plain
+    assert re.search(r"moe_hydra: routers: imbalance \(max / mean tokens per expert\) layer 0 [0-9.]+, layer 1 "
+                     r"[0-9.]+; worst layer \d, EP ranks [0-9.]+; up to [0-9.]+% of routed slots dropped", r.stdout), \
+        r.stdout[-2000:]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     router = results["router"]
     assert router["steps"] == [4, 5, 6] and [x["layer"] for x in router["layers"]] == [0, 1]

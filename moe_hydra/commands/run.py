@@ -376,6 +376,14 @@ def _run_job(cfg: DictConfig, r: Resolved, p: dict, out_dir: Path, snapshot: dic
     print(f"moe_hydra: {results['steps']} steps, window {results['window']}: step {results['step_time_ms']:.1f} ms, "
           f"{results['tokens_per_s_per_gpu']:.1f} tokens/s/GPU, {results['tflops_per_gpu']:.4f} TFLOP/s/GPU, "
           f"loss {loss['first']:.3f} -> {loss['last']:.3f}  ({out_dir / 'results.json'})", flush=True)
+    router = results.get("router")
+    if router:  # a MoE model's routers: the worst layer's imbalance, the window's mean
+        worst = next(x for x in router["layers"] if x["layer"] == router["worst_layer"])
+        dropped = max(x["dropped_share"] or 0.0 for x in router["layers"])
+        print("moe_hydra: routers: imbalance (max / mean tokens per expert) "
+              + ", ".join(f"layer {x['layer']} {x['imbalance']:.2f}" for x in router["layers"])
+              + f"; worst layer {worst['layer']}, EP ranks {worst['ep_imbalance']:.2f}"
+              + (f"; up to {dropped:.1%} of routed slots dropped" if dropped else ""), flush=True)
     return "COMPLETED"
 
 

@@ -526,19 +526,31 @@ class Job:
 
     def _log_live(self, rec: metrics.StepRecord, router: Any, optimizer, peak: float | None,
                   gpu_sample: dict[str, Any] | None) -> None:
-        """A logged step: the routers' counts reduced (every rank), and on rank 0 its row queued for W&B (with
-        the GPU's latest NVML sample under ``gpu/``)."""
+        """A logged step: the routers' counts and the memory peak reduced (every rank: the peak and the allocator's
+        retries as a max over the pipeline group, whose stages hold different layers), and on rank 0 its row
+        queued for W&B (with the GPU's latest NVML sample under ``gpu/``)."""
+        import torch
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+
         from moe_hydra.job import live
 
         layers = router.collect(self.r.batch.micro_batches_per_step, self.world, self.r.layout.pp) if router else []
+        retries = torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0) if self.on_gpu else 0
+        memory = torch.tensor([rec.memory_gib or 0.0, retries], dtype=torch.float64, device=self.device)
+        if self.r.layout.pp > 1:
+            dist.all_reduce(memory, op=dist.ReduceOp.MAX, group=ps.get_pipeline_model_parallel_group())
         if self.rank != 0:
             return
         if layers:
             self.router_logged.append((rec.step, layers))
         if self.live_log is not None:
             groups = getattr(optimizer, "param_groups", None) or [{}]
-            values = live.row(rec, self.r.batch.tokens_per_step, self.world, self.plan["flops_per_token"], peak,
+            pipeline = dataclasses.replace(rec, memory_gib=float(memory[0])) if rec.memory_gib is not None else rec
+            values = live.row(pipeline, self.r.batch.tokens_per_step, self.world, self.plan["flops_per_token"], peak,
                               groups[0].get("lr"), tuple(self.cfg.contract.window))
+            if self.on_gpu:
+                values["memory/alloc_retries"] = int(memory[1])
             nvml = {f"gpu/{k}": v for k, v in (gpu_sample or {}).items() if k != "step"}
             self.live_log.log({**values, **live.router_row(layers), **nvml}, rec.step)
 

@@ -15,7 +15,7 @@
 Goals (issue 36): median <= 0.10, p90 <= 0.20, worst <= 0.30; the measured best predicted in every group. Takes
 about 25 minutes on 2 cores; run it alone (another load moves the step times).
 
-    python benchmarks/calibration_heldout.py [--dir DIR] [--runs 2] [--window 40] [--quick]
+    python benchmarks/calibration_heldout.py [--dir DIR] [--runs 2] [--window 40] [--quick] [--models tiny_moe]
 """
 
 from __future__ import annotations
@@ -74,10 +74,10 @@ def calibrate(root: Path, model: str) -> Path:
     return d / "calibration.json"
 
 
-def configs(quick: bool) -> list[tuple[str, str, str, list[str]]]:
-    """(model, group, layout, overrides) of every configuration."""
+def configs(quick: bool, models: list[str]) -> list[tuple[str, str, str, list[str]]]:
+    """(model, group, layout, overrides) of every configuration of ``models``."""
     out = []
-    for model, widths in MODELS.items():
+    for model, widths in ((m, MODELS[m]) for m in models):
         for group, batch in GROUPS.items():
             for layout, mesh in LAYOUTS.items():
                 out.append((model, group, layout, [*widths, *DEPTH, *batch, *mesh]))
@@ -120,13 +120,15 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--window", type=int, default=40, help="steady steps a run is judged on")
     ap.add_argument("--quick", action="store_true", help="every third configuration, one calibration each")
+    ap.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS),
+                    help="the models to calibrate and run (default: both)")
     a = ap.parse_args()
     root = a.dir or Path(tempfile.mkdtemp(prefix="moe_hydra_calibration_heldout_"))
     print(f"in {root}", flush=True)
-    cals = {model: calibrate(root, model) for model in MODELS}
+    cals = {model: calibrate(root, model) for model in a.models}
     rows = []
     print(f"{'model':9} {'config':18} {'layout':6} {'predicted':>10} {'measured':>9} {'|ln|':>6} {'noise':>6}")
-    for model, group, layout, overrides in configs(a.quick):
+    for model, group, layout, overrides in configs(a.quick, a.models):
         name = f"{model}-{group}-{layout}"
         st = predict(root, name, overrides, cals[model])
         seconds = st.get("seconds") if isinstance(st, dict) else None

@@ -199,6 +199,7 @@ CALIBRATION_VERSION = 2  # 2: the model's step measured and fitted (``step``)
 CALIBRATION_FILE = "calibration.json"
 MICRO_BATCHES = (1, 2, 4)  # micro-batch sizes whose tokens the steps and GEMMs are measured at (>= 3 shapes)
 DEPTHS = (1, 2)  # decoder layers on each pipeline stage of the shrunken models whose steps are measured
+ROUNDS = 2  # rounds a layout's steps are measured in (:func:`rounds`)
 STEP_WARMUP = 3  # steps discarded on a new model: its first allocate its buffers and the optimizer's states
 CPU_COLLECTIVE_BYTES = tuple(1 << p for p in range(12, 23, 2))  # 4 KiB .. 4 MiB a rank
 GPU_COLLECTIVE_BYTES = tuple(1 << p for p in range(16, 31, 2))  # 64 KiB .. 1 GiB a rank
@@ -390,19 +391,22 @@ def steps(job: Any, say: Callable[[str], None]) -> list[dict[str, Any]]:
 
 
 def rounds(timers: list[StepTimer], repeats: int, say: Callable[[str], None]) -> list[dict[str, Any]]:
-    """Every timer's steps, measured in ``repeats`` rounds of one step each, in their order: this CPU's speed drifts
-    by tens of percent over a minute (its first steps after a model is built run slowest), and rounds spread the
-    drift over every shape alike instead of loading it onto the first measured. Each model is first stepped
-    :data:`STEP_WARMUP` times (its buffers and the optimizer's states allocated), each timer once (its shape's
-    first step); both discarded. A measurement row per timer."""
+    """Every timer's steps, in :data:`ROUNDS` rounds, each a block per timer in their order: one untimed step at its
+    shape, then ``ceil(repeats / ROUNDS)`` timed ones. Blocks, because a step right after another shape's (another
+    model's weights and optimizer states, other activation sizes) runs slower than the same step repeated, as a
+    run repeats it: measured one step a round, every shape came out 10-35 % slower than the real runs it predicts
+    (tiny_moe, 2 processes); rounds, because this CPU's speed drifts by tens of percent over a minute (its first
+    steps after a model is built run slowest), and a second round spreads the drift over every shape instead of
+    loading it onto the first measured. Each model is first stepped :data:`STEP_WARMUP` times (its buffers and the
+    optimizer's states allocated), discarded. A measurement row per timer."""
     for t in {id(t.built): t for t in timers}.values():
         for _ in range(STEP_WARMUP):
             t.step()
-    for t in timers:
-        t.step()
-    for _ in range(repeats):
+    for _ in range(ROUNDS):
         for t in timers:
-            t.record()
+            t.step()  # the first after a switch
+            for _ in range(-(-repeats // ROUNDS)):
+                t.record()
     return [t.row(say) for t in timers]
 
 
@@ -585,7 +589,8 @@ def worker(spec: dict[str, Any], job: Any) -> dict[str, Any] | None:
                          "step_repeats": r.cfg.calibrate.step_repeats, "clock": "time.perf_counter, after "
                          "torch.cuda.synchronize on a GPU", "collective_time": "the slowest rank's",
                          "step_time": "the slowest rank's, as the job times a step",
-                         "step_order": "rounds: one step of every shape of a layout each, step_repeats rounds",
+                         "step_order": f"{ROUNDS} rounds, each a block per shape of a layout: a step untimed, then "
+                                       f"ceil(step_repeats / {ROUNDS}) timed",
                          "step_host_device": "on a GPU, rank 0's host_median_s (the host enqueueing the step) and "
                                              "device_median_s (CUDA events around it)"}}
     io.write_json(record, out_dir / CALIBRATION_FILE)

@@ -490,10 +490,10 @@ class Job:
             rec, stop = self._step(step, model, optimizer, forward_step, batches)
             self.window.end(step, last_step=bool(stop) or step == iters)
             records.append(rec)
-            if step % every == 0 or step == iters or stop:  # the same steps on every rank
-                self._log_live(rec, router, optimizer, peak, samples[-1] if gpu is not None else None)
             if gpu is not None:
                 samples.append({"step": step, **gpu.latest()})
+            if step % every == 0 or step == iters or stop:  # the same steps on every rank
+                self._log_live(rec, router, optimizer, peak, samples[-1] if gpu is not None else None)
             if progress is not None:
                 progress.update(rec)
                 if step % t.log_interval == 0 or step == iters:

@@ -87,7 +87,6 @@ class LiveLog:
     def __init__(self, start: Any, out_dir: Path, train_iters: int):
         self.run = None
         self.rows: queue.SimpleQueue = queue.SimpleQueue()
-        self.logged = 0
         self.file, self.train_iters = out_dir / LIVE_FILE, train_iters
         self.thread = threading.Thread(target=self._loop, args=(start,), name="moe_hydra-live", daemon=True)
         self.thread.start()
@@ -118,7 +117,6 @@ class LiveLog:
                 continue
             try:
                 self.run.log(values, step=step)
-                self.logged += 1
             except Exception as e:  # noqa: BLE001
                 log.warning("W&B logging failed (the run itself is unaffected): %s: %s", type(e).__name__, e)
                 failed = True

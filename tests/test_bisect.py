@@ -143,7 +143,7 @@ def test_two_units_slow_only_together_are_named_as_the_pair(tmp_path):
     Only the pair differs: a neutral third unit would add a trial of the pair without it whose A/B these noisy cores
     can leave undecided, keeping the third unit in the culprit (CI saw it; the six-unit test drops neutral units)."""
     pair = ["overlap.bucket_size=1", "overlap.overlap_grad_reduce=true"]
-    r, j = _bisect(tmp_path, [*QUICK, *pair], "bisect.max_repeats=4", "bisect.window=[3,6]",
+    r, j = _bisect(tmp_path, [*QUICK, *pair], "bisect.max_repeats=8", "bisect.window=[3,8]",
                    "bisect.profile=false")
     assert j["reproduce"]["verdict"] == "slower" and j["status"] in ("found", "not_minimal"), j["reproduce"]
     assert j["interaction"] and sorted(o for u in j["culprit"] for o in u["overrides"]) == pair, j["trials"]

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from moe_hydra.analysis import figures
 from moe_hydra.commands import run_command
 from moe_hydra.launch import bisect
 
@@ -125,9 +126,8 @@ def test_bisect_names_the_deeper_model_among_six_units(tmp_path):
     assert j["walls"]["moved"]["compute"] > 0, j["walls"]
     md = (tmp_path / "bi" / "bisect.md").read_text()
     assert "`model.num_layers=4` alone explains" in md and "## Trials" in md and "![trials](bisect.png)" in md
-    from PIL import Image  # bisect.png draws the reproduction and each trial as bisect.json has them
-
-    drawn = json.loads(Image.open(tmp_path / "bi" / "bisect.png").text["Description"])["bisect"]
+    # bisect.png draws the reproduction and each trial as bisect.json has them
+    drawn = figures.drawn(tmp_path / "bi" / "bisect.png")["bisect"]
     assert [(d["outcome"], d["rel_step_time"], d["interval"]) for d in drawn] == [
         ("reproduce", j["reproduce"]["rel_step_time"], j["reproduce"]["interval"]),
         *((t["outcome"], t["rel_step_time"], t["interval"]) for t in j["trials"])]

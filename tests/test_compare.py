@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moe_hydra.analysis import compare, diagnosis
+from moe_hydra.analysis import compare, diagnosis, figures
 from moe_hydra.analysis.runs import load as load_runs
 from moe_hydra.commands import run_command
 from moe_hydra.core import contract, stats
@@ -68,9 +68,7 @@ def test_sweep_arms_get_a_verdict_and_outputs(tmp_path):
     md = (tmp_path / "compare.md").read_text()
     assert "dispatcher=allgather" in md and "slower" in md and (tmp_path / "compare.png").stat().st_size > 1000
     # the figure draws what compare.json says: each arm's run means, the difference, its interval, the noise floor
-    from PIL import Image
-
-    (drawn,) = json.loads(Image.open(tmp_path / "compare.png").text["Description"])["compare"]
+    (drawn,) = figures.drawn(tmp_path / "compare.png")["compare"]
     (pair,) = json.loads((tmp_path / "compare.json").read_text())["pairs"]
     assert drawn["ci"] == pair["ci"] and drawn["relative_difference"] == pair["relative_difference"] > 0.2
     assert drawn["verdict"] == "slower" and drawn["noise_floor"] == pair["noise_floor"]["value"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moe_hydra.analysis import compare
+from moe_hydra.analysis import compare, figures
 from moe_hydra.analysis.runs import load as load_runs
 from moe_hydra.analysis import noise as noises
 from moe_hydra.commands import run_command
@@ -115,9 +115,7 @@ def test_noise_command_writes_noise_json_into_the_first_directory(tmp_path, caps
     assert "run-to-run noise" in capsys.readouterr().out
     assert noises.load(d / "noise.json")["runs"] == 6
     # noise.png draws the runs' means and the between/within split, the same figures as noise.json
-    from PIL import Image
-
-    drawn = json.loads(Image.open(d / "noise.png").text["Description"])["noise"]
+    drawn = figures.drawn(d / "noise.png")["noise"]
     assert drawn["run_means_ms"] == rec["run_means_ms"] and drawn["interval"] == rec["interval"]
     c = rec["components"]
     assert drawn["sigma_between_ms"] == pytest.approx(c["var_between_ms2"] ** 0.5)
@@ -251,3 +249,35 @@ def test_relative_margins_read_percent_or_fraction():
     for bad in ("0", "1", "150%", "nan", "x"):
         with pytest.raises(ValueError):
             noises.relative_margin(bad)
+
+
+def test_noise_and_compare_log_their_pictures_to_the_runs_w_and_b_group(tmp_path, monkeypatch):
+    """Runs logged with logger=wandb get their reports' pictures beside them in W&B: a run of job_type noise (or
+    compare) in the runs' project and group, the picture as an image, the figures drawn in its summary; runs logged
+    with logger=none get none."""
+    from tests.test_tracking import _inspect
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    d = a_a(tmp_path / "aa", k=4)
+    for i in range(4):
+        (d / str(i) / ".hydra").mkdir()
+        (d / str(i) / ".hydra" / "config.yaml").write_text("logger:\n  name: none\n")
+    assert run_command("noise", [str(d)]) == 0 and not (d / "wandb").exists()
+    for i in range(4):
+        (d / str(i) / ".hydra" / "config.yaml").write_text("logger:\n  name: wandb\n  project: noisy\n")
+        rewrite(d / str(i), tracking={"job_type": f"repeat={i}", "group": "aa-0123abcd"})
+    assert run_command("noise", [str(d)]) == 0
+    assert run_command("compare", [str(d), "--variable", "repeat", "--out", str(d)]) == 0
+    runs = sorted((d / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2
+    for run_dir, kind in zip(runs, ("noise", "compare")):
+        records = _inspect(run_dir)
+        (history,) = [r["history"]["item"] for r in records if r.get("type") == "history"]
+        assert history[f"{kind}._type"] == "image-file"
+        drawn = figures.drawn(d / f"{kind}.png")
+        assert figures.drawn(run_dir / "files" / history[f"{kind}.path"]) == drawn  # the picture itself
+        summary = _inspect(run_dir, "--summary")
+        assert summary["summary"][f"{kind}/figures"] == drawn[kind]
+        assert summary["project"] == "noisy" and summary["name"] == f"{kind}-aa-0123abcd"
+        text = json.dumps(records)
+        assert '"aa-0123abcd"' in text and f'"{kind}"' in text  # group, job_type

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from moe_hydra.commands import run_command
 from moe_hydra.core import contract, env
 
 
@@ -90,7 +91,7 @@ def _live_history(history: list[dict], results: dict) -> None:
 
 
 @pytest.mark.slow
-def test_offline_wandb_runs_carry_group_job_type_config_summary_and_no_secret(cli, tmp_path):
+def test_offline_wandb_runs_carry_group_job_type_config_summary_and_no_secret(cli, tmp_path, monkeypatch):
     secrets = {"WANDB_API_KEY": "not-a-real-key-123", "MY_TOKEN": "abc-secret-987", "NCCL_SOCKET_TOKEN": "tok-4242",
                "WANDB_MODE": "offline"}
     r = cli("dispatcher=alltoall,allgather", "-m", env=secrets, timeout=600)
@@ -119,6 +120,12 @@ def test_offline_wandb_runs_carry_group_job_type_config_summary_and_no_secret(cl
         env_json = json.loads((job / "env.json").read_text())
         assert env_json["env"]["NCCL_SOCKET_TOKEN"] == env.REDACTED and "runtime" in env_json
     assert len(hashes) == 1
+    # compare's picture joins the runs in W&B: a run of job_type compare in the sweep's group
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert run_command("compare", [str(tmp_path / "multi")]) == 0
+    (report,) = list((tmp_path / "multi" / "wandb").glob("offline-run-*"))
+    records = json.dumps(_inspect(report))
+    assert f"-{results['contract_hash'][:8]}" in records and '"compare"' in records and "image-file" in records
     leaked = subprocess.run(["grep", "-rlaE", "not-a-real-key-123|abc-secret-987|tok-4242", str(tmp_path / "multi")],
                             capture_output=True, text=True)
     assert leaked.stdout == "", f"secrets leaked into {leaked.stdout}"

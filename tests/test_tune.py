@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from moe_hydra.analysis import figures
 from moe_hydra.commands import run_command
 from moe_hydra.core import overrides
 from moe_hydra.launch import compose, experiments, tune
@@ -196,6 +197,11 @@ def test_tune_from_a_poor_start_ends_faster_and_resumes_after_a_kill(tmp_path):
     assert retuned["trials"] and retuned["profiles"][0]["dominant"] in retune.WALLS
     assert (d / "tune.md").read_text().count("## ") >= 6 and (d / "tune.png").stat().st_size > 1000
     assert "![tune](tune.png)" in (d / "tune.md").read_text()  # the report embeds its figure
+    drawn = figures.drawn(d / "tune.png")["tune"]  # the start, then each accepted change, as the journal has them
+    accepted = [t["step_time_ms"][1] for t in retuned["trials"] if t["outcome"] == "accepted"]
+    assert drawn["steps"][0]["step_ms"] == journal["start"]["step_time_ms"]
+    assert [s["step_ms"] for s in drawn["steps"][len(drawn["steps"]) - len(accepted):]] == accepted
+    assert drawn["walls"]["first"] == retuned["profiles"][0]["walls"]
     assert set(journal["gpu_hours_by_stage"]) >= {"fit", "scale", "profile", "retune", "validate"}
     assert {p.name for p in (d / "best").iterdir()} >= {"megatron-lm.sh", "bridge.txt", "overrides.txt",
                                                         "baseline.json"}

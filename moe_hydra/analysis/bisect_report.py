@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from moe_hydra.analysis import figures
 from moe_hydra.analysis.report import change, change_interval
 from moe_hydra.core import io
 
@@ -107,8 +108,7 @@ def plot(j: dict[str, Any], path: Path) -> None:
     ax.set_xlabel("step time against good, % (interval); dashed: the trial's margin; dotted: the regression")
     ax.set_title("bisect: the reproduction, then each trial in order")
     fig.tight_layout()
-    fig.savefig(path, dpi=100, metadata={"Description": json.dumps(io.finite({"bisect": drawn}))})
-    plt.close(fig)
+    figures.save(fig, path, "bisect", drawn)
 
 
 def write(j: dict[str, Any], out_dir: Path) -> Path:

@@ -32,7 +32,7 @@ from typing import Any
 
 from moe_hydra.analysis import noise as noises
 from moe_hydra.analysis import profiles
-from moe_hydra.analysis.runs import Run, Warn, contract_value
+from moe_hydra.analysis.runs import Run, Warn, contract_value, recorded
 from moe_hydra.core import contract as contracts
 from moe_hydra.core import stats
 from moe_hydra.core.errors import Refused
@@ -241,7 +241,7 @@ def sequential_records(dirs: list[Path], warn: Warn) -> list[dict[str, Any]]:
 
 def recorded_margin(runs: list[Run], warn: Warn) -> float | None:
     """compare.equivalence as the runs recorded it (the command line's or the site file's), when one did."""
-    values = {v for v in (noises.recorded(r.path, "compare.equivalence") for r in runs) if v is not None}
+    values = {v for v in (recorded(r.path, "compare.equivalence") for r in runs) if v is not None}
     for v in sorted(values, key=str):
         try:
             return noises.relative_margin(str(v))

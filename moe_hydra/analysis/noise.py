@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moe_hydra.analysis import figures
+from moe_hydra.analysis.runs import recorded
 from moe_hydra.core import contract as contracts
 from moe_hydra.core import io, stats
 from moe_hydra.core.errors import Refused
@@ -177,8 +179,7 @@ def plot(record: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     drawn = {"run_means_ms": means, "grand_mean_ms": grand, "sigma_between_ms": between,
              "sigma_within_of_a_mean_ms": within, "run_to_run_noise": record["run_to_run_noise"], "interval": [lo, hi]}
-    fig.savefig(path, dpi=100, metadata={"Description": json.dumps(io.finite({"noise": drawn}))})
-    plt.close(fig)
+    figures.save(fig, path, "noise", drawn)
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -239,20 +240,6 @@ def resolve_path(text: str) -> Path:
     return (site / p) if site else p
 
 
-def recorded(run_dir: Path, key: str = CONFIG_KEY) -> Any:
-    """``key`` as the run recorded it (its .hydra/config.yaml), interpolations resolved; None when absent."""
-    cfg_file = Path(run_dir) / ".hydra" / "config.yaml"
-    if not cfg_file.is_file():
-        return None
-    try:
-        from omegaconf import OmegaConf
-
-        value = OmegaConf.select(OmegaConf.load(cfg_file), key, default=None)
-    except Exception:  # noqa: BLE001 - an unreadable config, an interpolation that does not resolve: not set
-        return None
-    return value if value not in (None, "") else None
-
-
 def _site() -> str | None:
     """compare.noise_file in the site file ($MOE_HYDRA_SITE/site/default.yaml), when there is one."""
     compare = site_settings().get("compare")
@@ -263,7 +250,7 @@ def _site() -> str | None:
 def configured(run_dirs: Sequence[Path], warn: Warn) -> Path | None:
     """The noise file the runs were configured with (compare.noise_file, the command line's or the site's), else
     the current site file's; None when neither names one."""
-    named = [str(v) for v in (recorded(d) for d in run_dirs) if v]
+    named = [str(v) for v in (recorded(d, CONFIG_KEY) for d in run_dirs) if v]
     if len(set(named)) > 1:
         warn(f"the runs name different noise files ({', '.join(sorted(set(named)))}); using {named[0]}")
     text = named[0] if named else _site()

@@ -21,6 +21,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from moe_hydra.analysis import figures
 from moe_hydra.core import contract, io, stats
 
 Comparison = Any  # moe_hydra.analysis.compare.Comparison (not imported: compare imports this module)
@@ -142,8 +143,7 @@ def plot(comps: list[Comparison], path: Path) -> None:
                                 Line2D([], [], color="tab:blue", linestyle="dashed", label="equivalence margin")],
                        loc="best", fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=100, metadata={"Description": json.dumps(io.finite({"compare": drawn}))})
-    plt.close(fig)
+    figures.save(fig, path, "compare", drawn)
 
 
 def table(comps: list[Comparison]):

@@ -143,3 +143,17 @@ def contract_value(run: Run, key: str) -> Any:
             return None
         node = node[part]
     return node
+
+
+def recorded(run_dir: Path, key: str) -> Any:
+    """``key`` as the run recorded it (its .hydra/config.yaml), interpolations resolved; None when absent."""
+    cfg_file = Path(run_dir) / ".hydra" / "config.yaml"
+    if not cfg_file.is_file():
+        return None
+    try:
+        from omegaconf import OmegaConf
+
+        value = OmegaConf.select(OmegaConf.load(cfg_file), key, default=None)
+    except Exception:  # noqa: BLE001 - an unreadable config, an interpolation that does not resolve: not set
+        return None
+    return value if value not in (None, "") else None

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from moe_hydra.analysis import figures
 from moe_hydra.analysis.report import change, change_interval
 from moe_hydra.core import io
 
@@ -70,6 +71,9 @@ def markdown(j: dict[str, Any]) -> str:
 
 
 def plot(j: dict[str, Any], path: Path) -> None:
+    """tune.png: the steady step time at the start, after the layout screen and after each accepted change (with
+    the A/B's interval drawn on the new mean), and the walls' shares in the first and the last profile. The figures
+    drawn are in the PNG's ``Description`` text (JSON)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -100,8 +104,8 @@ def plot(j: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("steady step time (ms)")
     ax.set_title("step time after each accepted change")
     profiles = stages.get("retune", {}).get("profiles") or []
+    first, last = (profiles[0].get("walls") or {}, profiles[-1].get("walls") or {}) if profiles else ({}, {})
     if profiles:
-        first, last = profiles[0].get("walls") or {}, profiles[-1].get("walls") or {}
         walls = list(first or last)
         width = 0.4
         bx.bar([i - width / 2 for i in range(len(walls))], [first.get(w, 0) for w in walls], width, label="first")
@@ -111,8 +115,9 @@ def plot(j: dict[str, Any], path: Path) -> None:
         bx.set_title("walls: first and last profile")
         bx.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    steps = [{"after": n.replace("\n", " "), "step_ms": t, "interval_ms": None if t is None else [t - lo, t + hi]}
+             for n, t, (lo, hi) in zip(names, times, errs)]
+    figures.save(fig, path, "tune", {"steps": steps, "walls": {"first": first, "last": last}})
 
 
 def write(j: dict[str, Any], out_dir: Path) -> list[Path]:

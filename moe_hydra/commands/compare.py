@@ -36,7 +36,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from moe_hydra.analysis import compare, report
+from moe_hydra.analysis import compare, figures, report
 from moe_hydra.analysis import noise as noises
 from moe_hydra.commands._runs import fraction, load_runs, margin, out_dir
 from moe_hydra.core import stats
@@ -118,4 +118,7 @@ def run(args: argparse.Namespace) -> int:
         raise Failed(f"cannot write compare.md, compare.png, compare.json to {where}: {e.strerror or e}; choose a "
                      "directory with --out DIR") from None
     out.print(f"written: {', '.join(map(str, written))}", highlight=False, markup=False)
+    logged = figures.log("compare", [p for p in written if p.suffix == ".png"], [r.path for r in runs], where)
+    if logged:
+        out.print(f"W&B: compare.png logged with the runs ({logged})", highlight=False, markup=False)
     return EXIT_OK

@@ -19,6 +19,7 @@ import argparse
 import os
 from pathlib import Path
 
+from moe_hydra.analysis import figures
 from moe_hydra.analysis import noise as noises
 from moe_hydra.analysis.runs import Run
 from moe_hydra.commands._runs import load_runs
@@ -64,4 +65,7 @@ def run(args: argparse.Namespace) -> int:
         raise Failed(f"cannot write {path}: {e.strerror or e}; choose a directory with --out DIR") from None
     print(f"written: {path}, {path.with_suffix('.png').name}\n  compare with it: moe-hydra compare DIR --noise {path}  (or set "
           f"compare.noise_file={path.resolve()} in a site file)")
+    logged = figures.log("noise", [path.with_suffix(".png")], [r.path for r in loaded.runs], out_dir)
+    if logged:
+        print(f"W&B: noise.png logged with the runs ({logged})")
     return EXIT_OK

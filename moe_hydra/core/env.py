@@ -49,6 +49,19 @@ def perf_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     return redact({k: v for k, v in sorted(environ.items()) if PERF_ENV.match(k)})
 
 
+def wandb_mode(logger: str, mode: str | None, environ: dict[str, str] | None = None) -> str:
+    """The W&B mode of a run logged with ``logger`` (wandb | none): ``mode`` when set; else ``WANDB_MODE``; else
+    offline without ``WANDB_API_KEY`` and online with one; ``logger=none``: disabled."""
+    environ = os.environ if environ is None else environ
+    if logger == "none":
+        return "disabled"
+    if mode:
+        return mode
+    if environ.get("WANDB_MODE"):
+        return environ["WANDB_MODE"]
+    return "online" if environ.get("WANDB_API_KEY") else "offline"
+
+
 def versions() -> dict[str, str | None]:
     out: dict[str, str | None] = {"python": platform.python_version()}
     for dist in DISTRIBUTIONS:

@@ -19,21 +19,16 @@ warning; ``finish()`` always runs.
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any
+
+from moe_hydra.core.env import wandb_mode
 
 log = logging.getLogger("moe_hydra")
 
 
 def mode(logger_cfg: Any) -> str:
-    if logger_cfg.name == "none":
-        return "disabled"
-    if logger_cfg.mode:
-        return logger_cfg.mode
-    if os.environ.get("WANDB_MODE"):
-        return os.environ["WANDB_MODE"]
-    return "online" if os.environ.get("WANDB_API_KEY") else "offline"
+    return wandb_mode(logger_cfg.name, logger_cfg.mode)
 
 
 def start(cfg_container: dict[str, Any], plan: dict[str, Any], out_dir: Path, tracking: dict[str, Any],

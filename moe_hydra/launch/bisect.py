@@ -329,8 +329,10 @@ class Bisect:
         return out
 
     def _finish(self) -> None:
-        from moe_hydra.analysis import bisect_report
+        from moe_hydra.analysis import bisect_report, figures
 
         self.save()
         bisect_report.write(self.journal, self.dir)
         self.say(bisect_report.answer(self.journal) + f"  ({self.dir / 'bisect.md'})")
+        if figures.log("bisect", [self.dir / "bisect.png"], [self.dir], self.dir):
+            self.say("bisect.png logged to W&B with the trials' runs")

@@ -435,9 +435,11 @@ class Tune:
                                   "command": experiments.shell([*winner, *self.how])}
         self.journal["status"] = "done"
         self.save()
-        from moe_hydra.analysis import tune_report
+        from moe_hydra.analysis import figures, tune_report
 
         tune_report.write(self.journal, self.dir)
+        if figures.log("tune", [self.dir / "tune.png"], [self.dir], self.dir):
+            self.say("tune.png logged to W&B with the experiments' runs")
         self.say(f"done: {start_ms:.1f} -> {winner_ms:.1f} ms/step ({self.journal['winner']['verdict']}); "
                  f"{self.dir / 'tune.md'}" if start_ms and winner_ms else f"done: {self.dir / 'tune.md'}")
 

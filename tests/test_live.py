@@ -191,3 +191,36 @@ def test_a_sweep_counts_its_points_from_its_sweep_overrides():
 
     assert sweep_size(["a=1,2", "b=x,y,z", "c=3"]) == 6 and sweep_size(["seed=range(0,4)"]) == 4
     assert sweep_size(["c=1"]) == 1 and sweep_size(["lr=interval(0,1)"]) is None  # an interval has no count
+
+
+def test_a_sweeps_progress_is_a_bar_on_a_terminal_and_a_line_elsewhere(tmp_path):
+    """After each point: points done by state (failed ones in red on a terminal), those to go and the slowest point
+    so far, read from the points' results.json."""
+    import io
+
+    from rich.console import Console
+
+    from moe_hydra.commands.run import Outcomes
+
+    from tests.test_compare import fake_run
+
+    for i, ms in ((0, 120.0), (1, 180.0)):
+        fake_run(tmp_path, str(i), [ms] * 23)
+    shown = {}
+    for terminal in (False, True):
+        o = Outcomes()
+        o.points, out = 4, io.StringIO()
+        o.console = Console(file=out, force_terminal=terminal, width=140, color_system="standard" if terminal else None)
+        for i, state in ((0, "COMPLETED"), (1, "COMPLETED"), (2, "FAILED")):
+            o.outcomes.append((f"#{i} x={i}", state))
+            o._progress(f"#{i} x={i}", str(tmp_path / str(i)))
+        shown[terminal] = out.getvalue().splitlines()
+    plain, bar = shown[False], shown[True]
+    assert plain[0] == "moe_hydra.sweep: 1 of 4 points done (1 COMPLETED), 3 to go; slowest so far #0 x=0: 120.0 ms/step"
+    assert plain[2] == ("moe_hydra.sweep: 3 of 4 points done (2 COMPLETED, 1 FAILED), 1 to go; slowest so far #1 "
+                        "x=1: 180.0 ms/step")
+    assert len(bar) == 3 and all("\x1b[" in line and "━" in line for line in bar)  # drawn, coloured
+    last = re.sub(r"\x1b\[[0-9;]*m", "", bar[2])
+    assert re.search(r"sweep ━+\S* +3/4 points +2 COMPLETED +1 FAILED +1 to go +slowest so far #1 x=1: 180.0 ms/step",
+                     last), last
+    assert "\x1b[31m1 FAILED" in bar[2]  # red

@@ -56,6 +56,7 @@ class Outcomes(Callback):
         self.outcomes: list[tuple[str, str]] = []  # (point, state) in sweep.json's vocabulary
         self.points: int | None = None  # a multirun's points, when its sweep overrides tell
         self.slowest: tuple[float, str] | None = None  # (ms/step, point) of the slowest point measured so far
+        self.console = None  # where the sweep's progress goes: stderr's rich Console unless set
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         # the points sweeper (the default) expands as Hydra's basic one; the layout sweeper searches instead
@@ -77,7 +78,13 @@ class Outcomes(Callback):
             self._progress(name, OmegaConf.select(config, "hydra.runtime.output_dir", default=None))
 
     def _progress(self, name: str, point_dir: str | None) -> None:
-        """A sweep's line after each point ends: points done by state, those to go, the slowest point so far."""
+        """A sweep's progress after each point ends: points done by state, those to go, the slowest point so far;
+        on a terminal with a bar and the states coloured, elsewhere (CI, Slurm logs) a plain line."""
+        from rich.console import Console
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+        from rich.text import Text
+
         results = outcome.point_results(Path(point_dir))[0] if point_dir else None
         ms = (results or {}).get("step_time_ms")
         if ms and (self.slowest is None or ms > self.slowest[0]):
@@ -86,13 +93,24 @@ class Outcomes(Callback):
         for _, state in self.outcomes:
             counts[state] = counts.get(state, 0) + 1
         done = len(self.outcomes)
-        line = (f"moe_hydra.sweep: {done}{f' of {self.points}' if self.points else ''} points done ("
-                + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) + ")")
-        if self.points and self.points > done:
-            line += f", {self.points - done} to go"
-        if self.slowest:
-            line += f"; slowest so far {self.slowest[1]}: {self.slowest[0]:.1f} ms/step"
-        print(line, file=sys.stderr, flush=True)
+        states = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+        to_go = f", {self.points - done} to go" if self.points and self.points > done else ""
+        slowest = f"; slowest so far {self.slowest[1]}: {self.slowest[0]:.1f} ms/step" if self.slowest else ""
+        console = self.console or Console(stderr=True)
+        if not console.is_terminal:
+            console.file.write(f"moe_hydra.sweep: {done}{f' of {self.points}' if self.points else ''} points done "
+                               f"({states}){to_go}{slowest}\n")
+            console.file.flush()
+            return
+        text = Text(f"{done}{f'/{self.points}' if self.points else ''} points  ")
+        for state, n in sorted(counts.items()):
+            text.append(f"{n} {state}  ", style="green" if state in outcome.OK_STATES else "red")
+        text.append(to_go.lstrip(", ") and f"{to_go.lstrip(', ')}  ", style="dim")
+        text.append(slowest.lstrip("; "), style="yellow")
+        view = Table.grid(padding=(0, 1))
+        view.add_row(Text("sweep", style="bold"), ProgressBar(total=self.points or done, completed=done, width=24),
+                     text)
+        console.print(view)
 
     def on_run_end(self, config: DictConfig, **kwargs) -> None:
         self._exit()

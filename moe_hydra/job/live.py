@@ -248,12 +248,11 @@ def router_row(layers: list[dict[str, Any]]) -> dict[str, float]:
 def router_summary(logged: list[tuple[int, list[dict[str, Any]]]], window: tuple[int, int]) -> dict[str, Any] | None:
     """``results.json``'s ``router``: per MoE layer the mean of each figure over the logged steps inside the
     measured window (all logged steps when none is), and what they were counted from."""
-    inside = [layers for step, layers in logged if window[0] <= step <= window[1]] or [x for _, x in logged]
+    inside = [(step, layers) for step, layers in logged if window[0] <= step <= window[1]] or logged
     if not inside:
         return None
-    steps = [step for step, _ in logged if window[0] <= step <= window[1]] or [s for s, _ in logged]
     by_layer: dict[int, list[dict[str, Any]]] = {}
-    for layers in inside:
+    for _, layers in inside:
         for x in layers:
             by_layer.setdefault(x["layer"], []).append(x)
     summary = []
@@ -265,7 +264,7 @@ def router_summary(logged: list[tuple[int, list[dict[str, Any]]]], window: tuple
                 entry[name] = statistics.fmean(values) if values else None
         entry["tokens_per_expert"] = [statistics.fmean(c) for c in zip(*(x["tokens_per_expert"] for x in xs))]
         summary.append(entry)
-    return {"layers": summary, "steps": steps, "worst_layer": max(summary, key=lambda x: x["imbalance"] or 0)["layer"],
+    return {"layers": summary, "steps": [step for step, _ in inside], "worst_layer": max(summary, key=lambda x: x["imbalance"] or 0)["layer"],
             "counter": "a forward hook on each Megatron-Core TopKRouter: its routing_map summed over tokens, all "
                        "ranks; imbalance = max / mean tokens per expert (ep_imbalance: per EP rank, experts split "
                        "evenly in order), each logged step's, averaged over the logged steps in the window"}

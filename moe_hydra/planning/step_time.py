@@ -108,7 +108,7 @@ def data_parallel_growth(cal: dict[str, Any], r: Resolved, scaled: dict[str, Any
         return (inside - 1) / inside / intra + (across - 1) / across / inside / inter
 
     cal_dp, dp = scaled["dp"]
-    mp, emp = lo.tp * lo.cp * lo.pp, lo.ep * lo.etp * lo.pp
+    emp = lo.ep * lo.etp * lo.pp
     cal_world, world = scaled["processes"]
     full = per_param * (dense_params * (per_byte(dp * lo.cp, lo.tp) - per_byte(cal_dp * lo.cp, lo.tp))
                         + expert_params * (per_byte(world // emp, lo.ep * lo.etp)
@@ -120,7 +120,7 @@ def data_parallel_growth(cal: dict[str, Any], r: Resolved, scaled: dict[str, Any
         exposed = max(full - 2 / 3 * layers_s, full / chunks)
     return exposed, {"reduction_s": full, "exposed_s": exposed, "collectives": list(ops), "bytes_per_rank": message,
                      "busbw_gb_per_s": intra / 1e9, "across_nodes_gb_per_s": inter / 1e9,
-                     "across_nodes_from": inter_from, "mp_ranks": mp}
+                     "across_nodes_from": inter_from}
 
 
 def _busbw(rows: list[dict[str, Any]], op: str, nbytes: float) -> float:

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from moe_hydra.launch import experiments
+from moe_hydra.planning import layouts_file
 
 START = ["hardware.devices_per_node=2", "logger=none", "recompute=full", "train.micro_batch_size=1",
          "train.global_batch_size=8"]
@@ -48,7 +49,7 @@ def _tune(root: Path, max_trials: int) -> dict:
 
 def _grid(root: Path, overlap: bool) -> tuple[float, list[dict]]:
     """The grid as one sweep: the layouts as options of the experiment group, crossed with MBS and recompute."""
-    layouts = json.loads((root / "tune" / "scale" / "layouts.json").read_text())
+    layouts = layouts_file.read(root / "tune" / "scale" / "layouts.json")
     legal = [c for c in layouts["candidates"] if c.get("rank")]
     search = root / "grid-search" / "experiment"
     search.mkdir(parents=True, exist_ok=True)
@@ -92,7 +93,7 @@ def _overrides_of(point_dir: Path, layouts_dir: Path) -> list[str]:
     for o in task:
         key, value = o.split("=", 1)
         if key == "experiment":
-            layout = json.loads((layouts_dir / "layouts.json").read_text())
+            layout = layouts_file.read(layouts_dir / "layouts.json")
             legal = [c for c in layout["candidates"] if c.get("rank")]
             out += [x for x in legal[int(value.split("_")[1])]["overrides"] if not x.startswith("train.")]
         elif not key.startswith(("hydra", "contract", "logger")):

@@ -18,7 +18,8 @@ from moe_hydra.core.arch import Arch
 from moe_hydra.core.resolved import resolve
 from moe_hydra.core.versions import mcore_facts
 from moe_hydra.launch.layout_sweeper import LayoutSweeperImpl
-from moe_hydra.planning import plan, rules, search
+from moe_hydra.commands import run_command
+from moe_hydra.planning import layouts_file, plan, rules, search
 from tests.conftest import compose_config, run_cli
 
 H100 = "hardware=h100_sxm"
@@ -78,11 +79,26 @@ def _communication(cfg, *set_by_command: str):
 
 
 @pytest.mark.parametrize("communication", [False, True])
-def test_search_estimates_equal_the_plans(communication):
+def test_search_estimates_equal_the_plans(communication, tmp_path, capsys):
     cfg = compose_config("stage=plan", "model=qwen3_235b_a22b", H100, "hardware.nodes=32")
     dispatchers, ep_overlap = _communication(cfg) if communication else (None, None)
     s = search.Search(cfg, dispatchers=dispatchers, ep_overlap=ep_overlap)
     report = s.report(s.run(), 0.0)
+    # layouts.json: the leading rows in JSON, the rest in layouts.parquet; read back, every row as the report's
+    layouts_file.write(report, tmp_path / "layouts.json")
+    head = json.loads((tmp_path / "layouts.json").read_text())
+    assert head["candidates"] == report["candidates"][:len(head["candidates"])]
+    assert len(head["candidates"]) >= max(layouts_file.FULL, report["tied"]) and head["table"]["rows"] > 10_000
+    assert (tmp_path / "layouts.json").stat().st_size + (tmp_path / "layouts.parquet").stat().st_size < 2**21
+    assert layouts_file.read(tmp_path / "layouts.json") == json.loads(json.dumps(report))
+    ranked = [c for c in report["candidates"] if c["rank"]]
+    deep, unranked = ranked[len(head["candidates"]) + 7], next(c for c in report["candidates"] if not c["rank"])
+    assert run_command("sweep", ["layout", str(tmp_path), str(deep["rank"])]) == 0
+    assert json.loads(capsys.readouterr().out) == deep  # any rank in full, its terms too
+    assert run_command("sweep", ["layout", str(tmp_path), str(report["candidates"].index(unranked) + 1), "--row"]) == 0
+    assert json.loads(capsys.readouterr().out) == unranked
+    assert run_command("sweep", ["layout", str(tmp_path), str(len(ranked) + 1)]) == 2
+    assert f"has no rank {len(ranked) + 1} (ranks 1..{len(ranked)})" in capsys.readouterr().err
     top = [c for c in report["candidates"] if c["rank"]][:5]
     if communication:  # the top layouts of Qwen3-235B on 256 H100s send their all-to-all across nodes
         assert any("dispatcher=deepep" in c["overrides"] for c in top)
@@ -343,7 +359,7 @@ def test_the_ready_to_run_sweep_trains_the_layouts_a_planned_search_ranked(tmp_p
 def test_layout_sweeper_writes_layouts_and_a_ready_to_run_sweep(cli, tmp_path):
     r = cli("stage=plan", "model=qwen3_30b_a3b", H100, "hardware.nodes=2", "hydra/sweeper=layout", "-m")
     assert r.returncode == 0, r.stderr
-    report = json.loads((tmp_path / "multi" / "layouts.json").read_text())
+    report = layouts_file.read(tmp_path / "multi" / "layouts.json")
     ranked = sorted((c for c in report["candidates"] if c["rank"]), key=lambda c: c["rank"])
     assert ranked[0]["rank"] == 1 and ranked[0]["terms_s"]["step"] == ranked[0]["step_time_s"]
     assert report["counts"]["candidates"] == len(report["candidates"])

@@ -3,6 +3,7 @@
     moe-hydra sweep status DIR    per-point state, errors and logs (exit 1 when a point ended without completing)
     moe-hydra sweep wait DIR      block until every point has ended, then the table; exit as the sweep's own command
     moe-hydra sweep cancel DIR    scancel every point still queued or running
+    moe-hydra sweep layout DIR N  a layout search's candidate of rank N (or row N+1 with --row), every field
 
 A point's state comes from what it left in its directory (results.json, violations.json, its job's result) and,
 on Slurm, from Slurm itself (sacct and squeue) — never from a log line, and never from the memory of the process
@@ -15,6 +16,7 @@ examples:
   moe-hydra sweep status outputs/ab
   moe-hydra sweep wait outputs/ab && moe-hydra compare outputs/ab
   moe-hydra sweep cancel outputs/ab
+  moe-hydra sweep layout outputs/search 240       the 240th layout of a search: its terms, memory, overrides
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from moe_hydra.core.errors import EXIT_FAILED, EXIT_OK, EXIT_REFUSED, signal_exit
+from moe_hydra.core.errors import EXIT_FAILED, EXIT_OK, EXIT_REFUSED, Refused, signal_exit
 from moe_hydra.core.io import console
 from moe_hydra.launch import follow, progress
 from moe_hydra.launch.ledger import Point
@@ -36,13 +38,19 @@ EXITS = {EXIT_OK: "status: every point complete or still out; wait: every point 
 
 VERBS = {"status": "per-point state (live from Slurm), errors and logs; exit 1 when a point ended without completing",
          "wait": "block until every point has ended, then the table; exit 0 / 1 / 2 as the sweep's own command",
-         "cancel": "scancel every point still queued or running"}
+         "cancel": "scancel every point still queued or running",
+         "layout": "a layout search's candidate (layouts.json) in full: sweep layout DIR RANK [--row]"}
 
 
 def arguments(ap: argparse.ArgumentParser) -> None:
     sub = ap.add_subparsers(dest="verb", required=True)
     for verb, help_ in VERBS.items():
-        sub.add_parser(verb, help=help_).add_argument("sweep_dir", type=Path)
+        p = sub.add_parser(verb, help=help_)
+        p.add_argument("sweep_dir", type=Path)
+        if verb == "layout":
+            p.add_argument("rank", type=int, help="the rank (1 = best), or with --row the row, from 1")
+            p.add_argument("--row", action="store_true", help="count every candidate, ranked or not, in the "
+                           "file's order (ranked best first, then the rest)")
 
 
 def _shown(points: list[Point]) -> None:
@@ -53,7 +61,34 @@ def _shown(points: list[Point]) -> None:
           file=sys.stderr, flush=True)
 
 
+def _layout(args: argparse.Namespace) -> int:
+    """One candidate of the search in ``args.sweep_dir`` as JSON on stdout.
+
+    Raises:
+        Refused: no readable layouts.json there, or no such rank or row.
+    """
+    from moe_hydra.planning import layouts_file
+
+    path = args.sweep_dir / "layouts.json"
+    report = layouts_file.read(path)
+    if report is None:
+        raise Refused(f"{path}: no layouts.json (a layout search writes one: hydra/sweeper=layout -m)")
+    rows = report["candidates"]
+    if args.row:
+        found = rows[args.rank - 1] if 1 <= args.rank <= len(rows) else None
+        limits = f"rows 1..{len(rows)}"
+    else:
+        found = next((r for r in rows if r.get("rank") == args.rank), None)
+        limits = f"ranks 1..{sum(1 for r in rows if r.get('rank'))}"
+    if found is None:
+        raise Refused(f"{path} has no {'row' if args.row else 'rank'} {args.rank} ({limits})")
+    print(layouts_file.row_text(found))
+    return EXIT_OK
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.verb == "layout":
+        return _layout(args)
     out = console()
     title = f"sweep {args.sweep_dir}"
     if args.verb == "status":

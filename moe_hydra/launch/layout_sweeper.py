@@ -45,7 +45,7 @@ from moe_hydra.core.errors import Refused
 from moe_hydra.core.schema import Config, Stage, typed
 from moe_hydra.core.violations import LayoutError
 from moe_hydra.launch import outcome, points
-from moe_hydra.planning import search
+from moe_hydra.planning import layouts_file, search
 from moe_hydra.planning.step_model import TERMS
 
 log = logging.getLogger(__name__)
@@ -156,7 +156,7 @@ class LayoutSweeperImpl(Sweeper):
             report["ready_to_run"] = write_sweep(sweep_dir, ranked[: self.table_rows], base)
             console.print(f"ready-to-run sweep of the top {min(len(ranked), self.table_rows)}: "
                           f"{report['ready_to_run']['script']}", markup=False)
-        io.write_json(report, sweep_dir / "layouts.json", indent=None)
+        layouts_file.write(report, sweep_dir / "layouts.json")
         log.info("layouts written to %s (%d candidates, %d ranked, search %.2f s)", sweep_dir / "layouts.json",
                  report["counts"]["candidates"], len(ranked), seconds)
         if not ranked:
@@ -170,7 +170,7 @@ class LayoutSweeperImpl(Sweeper):
                      "the first %d (hydra.sweeper.top_k)", len(tied), report["tie_width"], self.top_k)
         screening, returns = self._screen(cfg, s, tied[: self.top_k], base, sweep_dir)
         report["screening"] = screening
-        io.write_json(report, sweep_dir / "layouts.json", indent=None)
+        layouts_file.write(report, sweep_dir / "layouts.json")
         return returns
 
     def _outcome(self, state: str, message: str | None = None) -> list:
@@ -246,7 +246,7 @@ def finish_screening(sweep_dir: Path) -> dict | None:
     points have ended): rank the measured layouts as an attached screening does, and write them into layouts.json
     and screening.md. The table, or None when there was no such screening."""
     path = sweep_dir / "layouts.json"
-    report = io.read_json(path) or {}
+    report = layouts_file.read(path) or {}
     queued = report.get("screening") or {}
     if not queued.get("detached"):
         return None
@@ -259,7 +259,7 @@ def finish_screening(sweep_dir: Path) -> dict | None:
     table = rank_measured(arms, queued["noise_floor"])
     conclude(table, queued["base"], queued["screen_warmup"], queued["validate_steps"], sweep_dir)
     report["screening"] = table
-    io.write_json(report, path, indent=None)
+    layouts_file.write(report, path)
     return table
 
 

@@ -30,7 +30,7 @@ from moe_hydra.core import io, overrides
 from moe_hydra.core.errors import Failed, Refused
 from moe_hydra.core.schema import TUNE_ALLOW, Stage
 from moe_hydra.launch import compose, directories, experiments
-from moe_hydra.planning import retune
+from moe_hydra.planning import layouts_file, retune
 
 TUNE_FILE = "tune.json"
 TUNE_VERSION = 1
@@ -213,7 +213,7 @@ class Tune:
         e = self.driver.run("scale", [*arm, *self.how, "hydra/sweeper=layout", f"hydra.sweeper.top_k="
                                       f"{self.tcfg.screen_top_k}", f"hydra.sweeper.screen_window=[{first},{last}]",
                                       f"hydra.sweeper.screen_warmup={first - 1}"], sweep=True)
-        report = io.read_json(Path(e.dir) / "layouts.json") or {}
+        report = layouts_file.read(Path(e.dir) / "layouts.json") or {}
         ranked = [c for c in report.get("candidates") or [] if c.get("rank")]
         tied = [c for c in ranked if c.get("tied")]
         self._record("scale", experiment=e.name, candidates=(report.get("counts") or {}).get("candidates"),

@@ -89,6 +89,21 @@ def test_the_world_is_bounded_as_a_product():
     assert "world size 1048576 x 2" in world.message and world.rule == "S02"
 
 
+def test_checking_some_config_nodes_reads_only_their_fields():
+    """The layout search re-checks only what its candidates vary (parallel, train): a bad number elsewhere is the
+    base config's, refused once when the search resolves it."""
+    cfg = compose_config("stage=plan", "memory.fragmentation=7", "parallel.tensor_model_parallel_size=0",
+                         "train.micro_batch_size=0", "hardware.nodes=1048576", "hardware.devices_per_node=2")
+    every = {p for v in bounds.check(cfg) for p in dict(v.fields)}
+    assert every >= {"memory.fragmentation", "parallel.tensor_model_parallel_size", "train.micro_batch_size"}
+    assert {p for v in bounds.check(cfg, ("parallel", "train")) for p in dict(v.fields)} == {
+        "parallel.tensor_model_parallel_size", "train.micro_batch_size"}
+    assert bounds.check(cfg, ("model",)) == []
+    (world,) = bounds.check(compose_config("stage=plan", "hardware.nodes=1048576", "hardware.devices_per_node=2"),
+                            ("hardware",))
+    assert "world size 1048576 x 2" in world.message
+
+
 def test_a_refused_size_stops_before_the_rules_run():
     """nodes=0 gets S02 alone, not also a world-size rule over a world of 0."""
     cfg = compose_config("stage=plan", "hardware.nodes=0")

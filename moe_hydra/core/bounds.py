@@ -16,6 +16,7 @@ Pure: standard library only (a fix reads the presets' YAML through :mod:`moe_hyd
 
 from __future__ import annotations
 
+import functools
 import math
 import typing
 from operator import attrgetter
@@ -169,12 +170,6 @@ def _container(t: Any) -> type | None:
 
 # list and dict fields: an interpolation can hand them any value (OmegaConf checks scalars, not containers)
 CONTAINERS = {path: kind for path, t in leaves() if (kind := _container(t))}
-_CONTAINER_PATHS = tuple(CONTAINERS)
-_CONTAINER_VALUES = attrgetter(*_CONTAINER_PATHS)
-_PATHS = tuple(DOMAINS)
-_VALUES = attrgetter(*_PATHS)
-_LOWS = tuple(lo for lo, _ in DOMAINS.values())
-_HIGHS = tuple(hi for _, hi in DOMAINS.values())
 
 
 def _shown(lo: float, hi: float) -> str:
@@ -185,21 +180,47 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def check(cfg: Any) -> list[Violation]:
+@functools.lru_cache(maxsize=None)
+def _fields(nodes: tuple[str, ...] | None) -> tuple:
+    """The numbers (paths, getter, lows, highs), containers (paths, getter) and integer lists under the config
+    nodes ``nodes`` (None: all of them)."""
+    def under(paths: Any) -> tuple[str, ...]:
+        return tuple(p for p in paths if nodes is None or p.split(".", 1)[0] in nodes)
+
+    numbers, containers = under(DOMAINS), under(CONTAINERS)
+    return (numbers, _getter(numbers), tuple(DOMAINS[p][0] for p in numbers), tuple(DOMAINS[p][1] for p in numbers),
+            containers, _getter(containers), under(LIST_DOMAINS))
+
+
+def _getter(paths: tuple[str, ...]) -> Any:
+    """The values at ``paths`` of a config, as a tuple."""
+    if not paths:
+        return lambda cfg: ()
+    get = attrgetter(*paths)
+    return get if len(paths) > 1 else (lambda cfg: (get(cfg),))
+
+
+def check(cfg: Any, nodes: tuple[str, ...] | None = None) -> list[Violation]:
     """S02: every number outside its domain, a list or dict field holding something else (an interpolation can),
     a malformed integer list and a world beyond :data:`MAX_WORLD`; empty for a config inside its bounds (the
     common case, at the layout search's rate). How values relate (a window after the warmup, sizes that divide)
-    is the rules' business."""
+    is the rules' business.
+
+    ``nodes``: only the fields under these config nodes (the layout search: a candidate is a config already
+    checked with other ``parallel`` and ``train`` values)."""
+    paths, values, lows, highs, container_paths, container_values, lists = _fields(nodes)
     out = [V("S02", f"{path} must be within {_shown(lo, hi)} (is {value})", _fix_number(cfg, path, value, lo, hi),
              **{path.replace(".", "__"): value})
-           for path, value, lo, hi in zip(_PATHS, _VALUES(cfg), _LOWS, _HIGHS)
+           for path, value, lo, hi in zip(paths, values(cfg), lows, highs)
            if value is not None and not _within(value, lo, hi)]
-    wrong = {path: value for path, kind, value in zip(_CONTAINER_PATHS, CONTAINERS.values(), _CONTAINER_VALUES(cfg))
-             if value is not None and not isinstance(value, kind)}
+    wrong = {path: value for path, value in zip(container_paths, container_values(cfg))
+             if value is not None and not isinstance(value, CONTAINERS[path])}
     out += [V("S02", f"{path} must be a {CONTAINERS[path].__name__} (is {value!r})", _fix_container(cfg, path),
               **{path.replace(".", "__"): value})
             for path, value in wrong.items()]
-    out += [v for path in LIST_DOMAINS if path not in wrong for v in _check_list(cfg, path)]
+    out += [v for path in lists if path not in wrong for v in _check_list(cfg, path)]
+    if nodes is not None and "hardware" not in nodes:
+        return out
     if not out and cfg.hardware.nodes * cfg.hardware.devices_per_node > MAX_WORLD:
         hw = cfg.hardware
         nodes = presets.chosen(cfg, "hardware.nodes")

@@ -179,17 +179,20 @@ def rank_layers(arch: Arch, layout: Layout, parallel: Any) -> tuple[RankLayers, 
         return None
 
 
-def resolve(cfg: Any, impl: Implementation | None = None, arch: Arch | None = None) -> Resolved:
+def resolve(cfg: Any, impl: Implementation | None = None, arch: Arch | None = None,
+            varied: tuple[str, ...] | None = None) -> Resolved:
     """The resolved plan of a composed config (objects, e.g. ``OmegaConf.to_object(cfg)``).
 
     ``impl``: the implementation detected on this machine (stage=run); None takes the hardware's declared one.
     ``arch``: the model's facts when the caller has them for this very model (the layout search, whose
     candidates share one model).
+    ``varied``: the config nodes in which ``cfg`` differs from a config already resolved (the layout search's
+    candidates: ``parallel`` and ``train``): only their bounds are checked again.
 
     Raises:
         LayoutError: S02, listing every number outside its domain.
     """
-    bad = bounds.check(cfg)
+    bad = bounds.check(cfg, varied)
     if bad:
         raise LayoutError(bad, f"{cfg.model.name} on {cfg.hardware.name}")
     if arch is None:

@@ -388,7 +388,7 @@ class Search:
         r = self._memo[1].get((level, comm))
         if r is None:
             if level is None and comm is None:
-                r = resolve(self.config(c), self.impl, self.arch)
+                r = resolve(self.config(c), self.impl, self.arch, varied=("parallel", "train"))
             else:  # the candidate's plan with another recompute or communication setting, which no fact reads
                 r = self.resolved(c).with_settings(**self._settings(level, comm))
             self._memo[1][level, comm] = r

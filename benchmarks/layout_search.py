@@ -9,9 +9,13 @@ Each measurement runs in a fresh process (no caches carried over), alternating, 
                communication setting that fits -> step-time terms -> rank (forked over this machine's CPUs)
     serial     the same in one process (MOE_HYDRA_SEARCH_WORKERS=1)
 
-    python benchmarks/layout_search.py [--runs 5] [--model deepseek_v3] [--nodes 128]
+Then the scaling table: the same model on --gpus (default 128, 1024, 8192 and 16,384 H100s), one run each of the
+baseline and the search: candidates, wall time, layouts/s and the peak memory (the largest resident set of the
+search's processes).
 
-Goal: the search under 1 s.
+    python benchmarks/layout_search.py [--runs 5] [--model deepseek_v3] [--nodes 128] [--gpus 128,1024,8192,16384]
+
+Goals (issue 38): the search under 1 s on 1024 GPUs, under 3 s on 16,384, memory under 1 GiB.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import sys
 from moe_hydra.planning.search import search_workers
 
 CODE = """
-import dataclasses, sys, time
+import dataclasses, resource, sys, time
 from moe_hydra.launch.compose import compose_typed
 from moe_hydra.core.resolved import resolve
 from moe_hydra.core.versions import mcore_facts
@@ -43,16 +47,19 @@ if {baseline}:
 else:
     dispatchers, ep_overlap = LayoutSweeperImpl().communication(cfg, set())
     n = len(search.Search(cfg, dispatchers=dispatchers, ep_overlap=ep_overlap).run())
-print(n, time.perf_counter() - t)
+seconds = time.perf_counter() - t
+rss = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+print(n, seconds, rss / 2**20)
 """
 
 
-def _run(baseline: bool, model: str, nodes: int, workers: str = "") -> tuple[int, float]:
+def _run(baseline: bool, model: str, nodes: int, workers: str = "") -> tuple[int, float, float]:
+    """(candidates, seconds, peak resident GiB) of one fresh process."""
     code = CODE.format(model=model, nodes=nodes, baseline=baseline)
     env = {**os.environ, "MOE_HYDRA_SEARCH_WORKERS": workers}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env=env).stdout.split()
-    return int(out[0]), float(out[1])
+    return int(out[0]), float(out[1]), float(out[2])
 
 
 def main() -> None:
@@ -60,14 +67,16 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--model", default="deepseek_v3")
     ap.add_argument("--nodes", type=int, default=128)
+    ap.add_argument("--gpus", default="128,1024,8192,16384", help="the scaling table's world sizes (H100s, 8 a "
+                    "node); empty: none")
     args = ap.parse_args()
     base, full, serial = [], [], []
     for _ in range(args.runs):
-        n, t = _run(True, args.model, args.nodes)
+        n, t, _ = _run(True, args.model, args.nodes)
         base.append(t)
-        n, t = _run(False, args.model, args.nodes)
+        n, t, _ = _run(False, args.model, args.nodes)
         full.append(t)
-        n, t = _run(False, args.model, args.nodes, workers="1")
+        n, t, _ = _run(False, args.model, args.nodes, workers="1")
         serial.append(t)
     b, f, s = statistics.median(base), statistics.median(full), statistics.median(serial)
     print(f"{args.model} on {args.nodes * 8} x H100: {n} candidate layouts, median of {args.runs} fresh processes, "
@@ -75,7 +84,15 @@ def main() -> None:
     print(f"  baseline (rules only) : {b:.3f} s")
     print(f"  search                : {f:.3f} s  ({f / b:.2f}x the baseline)")
     print(f"  search, one process   : {s:.3f} s  ({s / b:.2f}x the baseline)")
-    print(f"goal: the search under 1 s: {'met' if f < 1 else 'NOT met'}")
+    print(f"goal: the search under 1 s: {'met' if f < 1 else 'NOT met'}", flush=True)
+    gpus = [int(g) for g in args.gpus.split(",") if g]
+    if gpus:
+        print(f"scaling, {args.model}, one fresh process each:\n  {'GPUs':>6} {'candidates':>10} {'baseline s':>10} "
+              f"{'search s':>9} {'layouts/s':>9} {'x baseline':>10} {'peak GiB':>8}")
+    for g in gpus:
+        _, b, _ = _run(True, args.model, g // 8)
+        n, t, rss = _run(False, args.model, g // 8)
+        print(f"  {g:>6} {n:>10} {b:>10.2f} {t:>9.2f} {n / t:>9.0f} {t / b:>10.2f} {rss:>8.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -105,8 +105,10 @@ class Outcomes(Callback):
         text = Text(f"{done}{f'/{self.points}' if self.points else ''} points  ")
         for state, n in sorted(counts.items()):
             text.append(f"{n} {state}  ", style="green" if state in outcome.OK_STATES else "red")
-        text.append(to_go.lstrip(", ") and f"{to_go.lstrip(', ')}  ", style="dim")
-        text.append(slowest.lstrip("; "), style="yellow")
+        if to_go:
+            text.append(f"{self.points - done} to go  ", style="dim")
+        if self.slowest:
+            text.append(f"slowest so far {self.slowest[1]}: {self.slowest[0]:.1f} ms/step", style="yellow")
         view = Table.grid(padding=(0, 1))
         view.add_row(Text("sweep", style="bold"), ProgressBar(total=self.points or done, completed=done, width=24),
                      text)

@@ -268,11 +268,14 @@ def test_noise_and_compare_log_their_pictures_to_the_runs_w_and_b_group(tmp_path
         rewrite(d / str(i), tracking={"job_type": f"repeat={i}", "group": "aa-0123abcd"})
     assert run_command("noise", [str(d)]) == 0
     assert run_command("compare", [str(d), "--variable", "repeat", "--out", str(d)]) == 0
-    runs = sorted((d / "wandb").glob("offline-run-*"))
+    runs = list((d / "wandb").glob("offline-run-*"))
     assert len(runs) == 2
-    for run_dir, kind in zip(runs, ("noise", "compare")):
+    kinds = set()
+    for run_dir in runs:  # the two runs in either order (both may start within one second: one name prefix)
         records = _inspect(run_dir)
         (history,) = [r["history"]["item"] for r in records if r.get("type") == "history"]
+        (kind,) = {k.split(".")[0] for k in history if k.endswith("._type")}
+        kinds.add(kind)
         assert history[f"{kind}._type"] == "image-file"
         drawn = figures.drawn(d / f"{kind}.png")
         assert figures.drawn(run_dir / "files" / history[f"{kind}.path"]) == drawn  # the picture itself
@@ -281,3 +284,4 @@ def test_noise_and_compare_log_their_pictures_to_the_runs_w_and_b_group(tmp_path
         assert summary["project"] == "noisy" and summary["name"] == f"{kind}-aa-0123abcd"
         text = json.dumps(records)
         assert '"aa-0123abcd"' in text and f'"{kind}"' in text  # group, job_type
+    assert kinds == {"noise", "compare"}

@@ -3,7 +3,7 @@
     moe-hydra sweep status DIR    per-point state, errors and logs (exit 1 when a point ended without completing)
     moe-hydra sweep wait DIR      block until every point has ended, then the table; exit as the sweep's own command
     moe-hydra sweep cancel DIR    scancel every point still queued or running
-    moe-hydra sweep layout DIR N  a layout search's candidate of rank N (or row N+1 with --row), every field
+    moe-hydra sweep layout DIR N  a layout search's candidate of rank N (or its Nth row with --row), every field
 
 A point's state comes from what it left in its directory (results.json, violations.json, its job's result) and,
 on Slurm, from Slurm itself (sacct and squeue) — never from a log line, and never from the memory of the process

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import statistics
 
 import pytest
 
@@ -27,15 +28,19 @@ MEASURED = [cs.Shape(1, m, l, b * s, s) for l, b, s, m in step_shapes(128)]
 
 def test_the_fit_recovers_known_coefficients_and_predicts_unseen_shapes():
     """Steps made by known coefficients with 3 % noise: the fit predicts shapes it never saw (deeper, more
-    micro-batches, a pipeline) within a few per cent, where a fit of a wrong form (no per-layer term) would not."""
-    rng = random.Random(0)
-    seconds = [cs.predict(TRUE, sh)[0] * math.exp(rng.gauss(0, 0.03)) for sh in MEASURED]
-    fitted = cs.fit(MEASURED, seconds)
-    assert all(c >= 0 for c in fitted.values())
-    unseen = [cs.Shape(1, 4, 8, 512, 128), cs.Shape(1, 8, 2, 256, 256), cs.Shape(2, 4, 4, 512, 128)]
-    for sh in unseen:
-        true, pred = cs.predict(TRUE, sh)[0], cs.predict(fitted, sh)[0]
-        assert abs(math.log(pred / true)) < 0.10, (sh, pred, true)
+    micro-batches, a pipeline, a longer sequence) within a few per cent (the median over 20 draws of the noise: one
+    draw's error at 4x the measured depth reaches 0.15), where a fit of a wrong form (no per-layer term) would not."""
+    unseen = [cs.Shape(1, 4, 8, 512, 128), cs.Shape(1, 8, 2, 256, 256), cs.Shape(2, 4, 4, 512, 128),
+              cs.Shape(1, 2, 4, 1024, 512)]
+    errors: list[list[float]] = [[] for _ in unseen]
+    for seed in range(20):
+        rng = random.Random(seed)
+        seconds = [cs.predict(TRUE, sh)[0] * math.exp(rng.gauss(0, 0.03)) for sh in MEASURED]
+        fitted = cs.fit(MEASURED, seconds)
+        assert all(c >= 0 for c in fitted.values())
+        for e, sh in zip(errors, unseen):
+            e.append(abs(math.log(cs.predict(fitted, sh)[0] / cs.predict(TRUE, sh)[0])))
+    assert all(statistics.median(e) < 0.10 for e in errors), [statistics.median(e) for e in errors]
     flat = {**fitted, "per_layer": 0.0, "per_layer_token": 0.0, "per_layer_token_seq": 0.0}
     assert abs(math.log(cs.predict(flat, unseen[0])[0] / cs.predict(TRUE, unseen[0])[0])) > 0.5
 

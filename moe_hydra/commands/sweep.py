@@ -22,6 +22,7 @@ examples:
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -82,7 +83,7 @@ def _layout(args: argparse.Namespace) -> int:
         limits = f"ranks 1..{sum(1 for r in rows if r.get('rank'))}"
     if found is None:
         raise Refused(f"{path} has no {'row' if args.row else 'rank'} {args.rank} ({limits})")
-    print(layouts_file.row_text(found))
+    print(json.dumps(found, indent=2))
     return EXIT_OK
 
 

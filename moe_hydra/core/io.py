@@ -3,12 +3,13 @@ and one rich console. Standard library (rich is imported when a console is asked
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 
 def finite(x: Any) -> Any:
@@ -22,25 +23,32 @@ def finite(x: Any) -> Any:
     return x
 
 
+@contextlib.contextmanager
+def atomic(path: Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` for the block to write, renamed over ``path`` when the block ends: a reader
+    (another command, another shell) sees the old file or the new one, never half of one, and a block that raises
+    leaves the old file or none (the temporary one removed)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def write_text(path: Path, text: str, errors: str = "strict") -> None:
-    """Write ``text`` to ``path`` atomically: a reader (another command, another shell) sees the old file or the
-    new one, never half of one, and an interrupted writer leaves the old file or none.
+    """Write ``text`` to ``path`` atomically (:func:`atomic`).
 
     The file's mode follows the umask, as Hydra's ``.hydra/`` files do (0644 under umask 022), so a team that
     shares output directories can read it: the temporary file is created with mode 0666 less the umask (not
     ``tempfile.mkstemp``'s 0600), then renamed over ``path``.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
+    with atomic(path) as tmp:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         with os.fdopen(fd, "w", encoding="utf-8", errors=errors) as f:
             f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def write_json(data: dict[str, Any], path: Path, indent: int | None = 2) -> None:

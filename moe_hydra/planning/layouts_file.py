@@ -22,8 +22,6 @@ best first, the rows :meth:`Search.report` made (a version-1 file, all rows in t
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -77,10 +75,8 @@ def write(report: dict[str, Any], path: Path) -> None:
 
     head, flat = split(report)
     names = list(dict.fromkeys([*ALWAYS, *(k for r in flat for k in r)]))
-    table = path.with_name(TABLE_FILE)
-    tmp = table.with_name(f".{table.name}.{os.getpid()}.tmp")
-    pq.write_table(pa.Table.from_pylist(flat, schema=_schema(flat, names)), tmp, compression="zstd")
-    os.replace(tmp, table)
+    with io.atomic(path.with_name(TABLE_FILE)) as tmp:
+        pq.write_table(pa.Table.from_pylist(flat, schema=_schema(flat, names)), tmp, compression="zstd")
     head["table"] = {"file": TABLE_FILE, "rows": len(flat), "columns": names,
                      "format": "Parquet, one row per candidate after the JSON's, in rank order (moe_hydra/planning/"
                                "layouts_file.py)"}
@@ -122,8 +118,3 @@ def read(path: Path) -> dict[str, Any] | None:
         return None
     return {**{k: v for k, v in data.items() if k not in ("table", "layouts_version")},
             "candidates": [*data["candidates"], *map(nest, rows)]}
-
-
-def row_text(row: dict[str, Any]) -> str:
-    """One candidate's row as indented JSON."""
-    return json.dumps(row, indent=2)

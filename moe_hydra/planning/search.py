@@ -110,6 +110,10 @@ class Candidate:
         return ([overrides.override(f"parallel.{k}", v) for k, v in self.fields().items() if "num_layers_in" not in k]
                 + [f"train.micro_batch_size={self.mbs}"])
 
+    def layout(self, world: int) -> Layout:
+        """The layout this candidate's config resolves to on ``world`` ranks (what :meth:`fields` sets)."""
+        return Layout(world, self.tp, self.cp, self.pp, self.vpp, self.ep, self.etp, self.tp > 1)
+
     def describe(self) -> str:
         vpp = f" VPP{self.vpp}" if self.vpp else ""
         return f"TP{self.tp} CP{self.cp} PP{self.pp}{vpp} EP{self.ep} ETP{self.etp} MBS{self.mbs}"
@@ -433,12 +437,12 @@ class Search:
     def evaluate(self, c: Candidate) -> Result:
         """Rules, counts, the least recompute that fits, and the step-time terms of one candidate (with the
         fastest communication setting that is legal and fits)."""
+        if self.cap is not None:  # weights + gradients of an average rank: a lower bound on the most loaded one
+            floor = self.state_bytes * (self.dense_total / (c.tp * c.pp) + self.expert_total / (c.ep * c.etp * c.pp))
+            if floor > self.cap_bytes:  # not resolved: its layout is what the candidate sets
+                return Result(c, c.layout(self.world), [], None, floor / memory.GIB, False, pruned=True)
         r = self.resolved(c)
         lo = r.layout
-        if self.cap is not None:  # weights + gradients of an average rank: a lower bound on the most loaded one
-            floor = self.state_bytes * (self.dense_total / (lo.tp * lo.pp) + self.expert_total / (lo.ep * lo.etp * lo.pp))
-            if floor > self.cap_bytes:
-                return Result(c, lo, [], None, floor / memory.GIB, False, pruned=True)
         found = [self._check(c, kind) for kind in ("mesh", "pipeline", "recompute")]
         if self.fixed_violations or any(found):
             key = tuple(map(id, found))  # the cached lists: one message list per combination

@@ -407,8 +407,10 @@ def test_bisect_runs_detached_on_slurm_and_the_same_command_follows_it_to_the_en
     noise.write_text(json.dumps({"source": "measured", "run_to_run_noise": 0.20, "df": 10, "runs": 11,
                                  "step_noise": 0.20}))
     good = "train.global_batch_size=4 train.micro_batch_size=1"
-    # six units: twice the layers (about twice the step) among five neutral ones, as in tests/test_bisect.py
-    bad = (f"{good} model.num_layers=4 optimizer.lr=0.0003 optimizer.weight_decay=0.1 train.log_interval=2 "
+    # six units: four times the layers (about four times the step) among five neutral ones. Twice the layers, as in
+    # tests/test_bisect.py, drowned in this part's load once: beside the parallel part's tests, 4-step windows of one
+    # arm ran 440-720 ms and the deeper model alone came out equivalent
+    bad = (f"{good} model.num_layers=8 optimizer.lr=0.0003 optimizer.weight_decay=0.1 train.log_interval=2 "
            "optimizer.clip_grad=0.5 train.layout_invariant_init=false")
     command = [sys.executable, "-m", "moe_hydra.bisect", "--good", good, "--bad", bad, "--out", str(out), *BASE,
                "launcher.detach=true", "bisect.max_repeats=2", "bisect.window=[2,5]", "bisect.profile=false", f"compare.noise_file={noise}"]

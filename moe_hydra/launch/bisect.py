@@ -24,7 +24,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from moe_hydra.analysis.report import change_interval
-from moe_hydra.core import io, overrides
+from moe_hydra.core import bounds, io, overrides
 from moe_hydra.core.errors import Refused
 from moe_hydra.launch import compose, directories, experiments
 from moe_hydra.planning import ddmin, retune
@@ -243,9 +243,11 @@ class Bisect:
         """The trials' equivalence margin: half the reproduced regression (a subset equivalent to good within it
         holds less than half of the regression: it passes), at least the declared compare.equivalence. Without it
         a subset with no effect could only end undecided on a noisy machine, and ddmin could not prove a culprit
-        minimal."""
+        minimal. A regression of 2x or more takes the largest margin compare.equivalence allows (a relative
+        difference of -1 or less is no step time at all)."""
         rel = (self.journal.get("reproduce") or {}).get("rel_step_time") or 0.0
-        return round(max(float(self.cfg.compare.equivalence), rel / 2), 4)
+        return round(min(max(float(self.cfg.compare.equivalence), rel / 2), bounds.DOMAINS["compare.equivalence"][1]),
+                     4)
 
     def test(self, subset: tuple[int, ...]) -> str:
         """ddmin's test: the subset's units applied to good, judged against good (slower: the regression is there;

@@ -243,8 +243,8 @@ class Bisect:
         """The trials' equivalence margin: half the reproduced regression (a subset equivalent to good within it
         holds less than half of the regression: it passes), at least the declared compare.equivalence. Without it
         a subset with no effect could only end undecided on a noisy machine, and ddmin could not prove a culprit
-        minimal. A regression of 2x or more takes the largest margin compare.equivalence allows (a relative
-        difference of -1 or less is no step time at all)."""
+        minimal. A regression of 3x or more (``rel_step_time`` >= 2) takes the largest margin compare.equivalence
+        allows (a relative difference of -1 or less is no step time at all)."""
         rel = (self.journal.get("reproduce") or {}).get("rel_step_time") or 0.0
         return round(min(max(float(self.cfg.compare.equivalence), rel / 2), bounds.DOMAINS["compare.equivalence"][1]),
                      4)

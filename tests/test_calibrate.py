@@ -127,7 +127,9 @@ def test_stage_calibrate_measures_this_machine_on_the_jobs_processes(cli, tmp_pa
     assert [p["seconds"] for p in lay["points"]] == [m["median_s"] for m in own]
     (v,) = lay["variants"]
     assert v["option"] == "allgather" and v["config"]["moe_token_dispatcher_type"] == "allgather"
-    assert v["layer_factor"] > 0 and len(v["points"]) == 3 and v["held_out"]["worst"] >= v["held_out"]["median"]
+    assert set(v["deltas"]) == {"per_layer_token", "per_layer_token_seq"} and len(v["points"]) == 4
+    assert v["deltas"]["per_layer_token_seq"] >= 0
+    assert v["held_out"]["worst"] >= v["held_out"]["median"]
     assert [p["paired_seconds"] for p in v["points"]] == [m["median_s"] for m in rest if m.get("paired")]
     gemms = {(g["gemm"], g["m"], g["n"], g["k"]) for g in by_kind["gemm"]}
     assert gemms == set(calibrate.gemm_shapes(a, seq)) and {m for _, m, _, _ in gemms} >= {seq, 2 * seq, 4 * seq}

@@ -14,10 +14,10 @@ import pytest
 from moe_hydra.core import calibrated_step as cs
 from moe_hydra.core import params
 from moe_hydra.core.resolved import resolve
+from moe_hydra.job.calibrate import step_shapes, variant_shapes
 from moe_hydra.planning.memory import grad_bytes, weight_bytes
 from moe_hydra.planning.plan import make_plan
 from tests.conftest import compose_config
-from moe_hydra.job.calibrate import step_shapes
 from tests.data.fixtures import write_calibration
 
 TRUE = {"per_step": 0.020, "per_step_layer": 0.004, "per_microbatch": 0.006, "per_microbatch_token": 2e-5,
@@ -170,37 +170,57 @@ def test_a_calibration_of_one_process_does_not_extrapolate(tmp_path):
         "larger machine))"]
 
 
-def test_a_variant_scales_the_layers_by_its_measured_factor(tmp_path):
-    """Full recompute measured at x1.5 on the layers: a plan with recompute=full is the fit's step with its layers
-    1.5 times as long, the interval the wider of the two held-out errors; selective, not measured, is not predicted
-    and the plan says which options were."""
+def test_a_variant_adds_its_measured_terms(tmp_path):
+    """Full recompute measured as adding to the layers' work per token and per token and key: a plan with
+    recompute=full is the fit's step with those coefficients raised, the interval the wider of the two held-out
+    errors; a dispatcher measured faster per token than the fit's own per-token work is held at 0 there; selective,
+    not measured, is not predicted and the plan says which options were."""
     r = resolve(compose_config())
     full = resolve(compose_config("recompute=full"))
+    deltas = {"per_layer_token": 2e-5, "per_layer_token_seq": 1e-7}
     variant = {"group": "recompute", "option": "full", "config": cs.group_config(full.cfg, "recompute"),
-               "layer_factor": 1.5, "held_out": {"median": 0.1, "p90": 0.2, "worst": 0.3, "points": 3}}
+               "deltas": deltas, "held_out": {"median": 0.1, "p90": 0.2, "worst": 0.3, "points": 4}}
     path = write_calibration(tmp_path / "cal.json", r, coefficients=TRUE, variants=[variant])
     st = make_plan(resolve(compose_config(f"hardware.calibration={path}", "recompute=full")))["step_time"]
-    seconds, terms = cs.predict(TRUE, cs.Shape(1, 1, 2, 512, 128))
-    assert st["seconds"] == pytest.approx(seconds + 0.5 * terms["layers"])
+    shape = cs.Shape(1, 1, 2, 512, 128)
+    seconds = cs.predict(TRUE, shape)[0]
+    raised = cs.predict({**TRUE, "per_layer_token": 6e-5, "per_layer_token_seq": 1.5e-7}, shape)[0]
+    assert st["seconds"] == pytest.approx(raised) and raised > seconds
     assert st["interval_s"][1] == pytest.approx(st["seconds"] * math.exp(0.2))
-    assert st["calibration"]["recompute"]["layer_factor"] == 1.5
+    assert st["calibration"]["recompute"]["deltas"] == deltas
     sel = make_plan(resolve(compose_config(f"hardware.calibration={path}", "recompute=selective",
                                            "recompute.recompute_modules=[core_attn]")))["step_time"]
     assert sel["seconds"] is None and sel["calibration"]["differences"] == [
         "recompute=selective (measured on TP1 CP1 EP1 ETP1 PP1 DP1: none, full)"]
+    assert cs.with_variants(TRUE, [{"deltas": {"per_layer_token": -1.0, "per_layer_token_seq": 0.0}}]) == {
+        **TRUE, "per_layer_token": 0.0}
 
 
-def test_a_variants_factor_is_recovered_and_held_out():
-    """Steps whose layers take 1.3 times the fit's, with 2 % noise: the factor comes back within a few per cent,
-    and each step predicted by the factor of the others is within the noise."""
-    rng = random.Random(1)
-    shapes = [cs.Shape(1, 1, 1, 256, 128), cs.Shape(1, 1, 2, 256, 128), cs.Shape(1, 1, 2, 512, 128)]
-    drift = [1.0, 0.7, 1.2]  # the machine slower or faster from one pair to the next: it cancels in each pair
-    paired = [cs.predict(TRUE, sh)[0] * d * math.exp(rng.gauss(0, 0.02)) for sh, d in zip(shapes, drift)]
-    seconds = [(cs.predict(TRUE, sh)[0] + 0.3 * cs.layer_seconds(TRUE, sh)) * d * math.exp(rng.gauss(0, 0.02))
-               for sh, d in zip(shapes, drift)]
-    v = cs.variant_factor(TRUE, shapes, seconds, paired)
-    assert v["layer_factor"] == pytest.approx(1.3, abs=0.08) and v["held_out"]["worst"] < 0.08, v
+def _variant_steps(shapes, deltas: dict, noise: float = 0.02, seed: int = 1):
+    """(seconds, paired) of a variant that adds ``deltas`` to the layers' coefficients, each pair drifting together
+    (the machine slower or faster from one pair to the next: it cancels in each pair), ``noise`` on every step."""
+    rng = random.Random(seed)
+    drift = [rng.uniform(0.7, 1.3) for _ in shapes]
+    variant = cs.with_variants(TRUE, [{"deltas": deltas}])
+    paired = [cs.predict(TRUE, sh)[0] * d * math.exp(rng.gauss(0, noise)) for sh, d in zip(shapes, drift)]
+    seconds = [cs.predict(variant, sh)[0] * d * math.exp(rng.gauss(0, noise)) for sh, d in zip(shapes, drift)]
+    return seconds, paired
+
+
+VARIANT_SHAPES = [cs.Shape(1, m, l, b * s, s) for l, b, s, m in variant_shapes(128)]
+
+
+@pytest.mark.parametrize("deltas", [{"per_layer_token": 1e-5, "per_layer_token_seq": 3e-7},  # re-runs attention
+                                    {"per_layer_token": -1e-5, "per_layer_token_seq": 0.0}])  # a faster dispatcher
+def test_a_variants_terms_are_recovered_and_held_out(deltas):
+    """A variant measured at the shapes stage=calibrate measures, 2 % noise on every step and the machine drifting
+    between pairs: what it adds comes back (per token and key never below 0), and each step predicted from its pair
+    by the deltas of the others is within the noise."""
+    seconds, paired = _variant_steps(VARIANT_SHAPES, deltas)
+    v = cs.variant_terms(TRUE, VARIANT_SHAPES, seconds, paired)
+    assert v["deltas"]["per_layer_token"] == pytest.approx(deltas["per_layer_token"], abs=5e-6), v["deltas"]
+    assert v["deltas"]["per_layer_token_seq"] == pytest.approx(deltas["per_layer_token_seq"], abs=5e-8), v["deltas"]
+    assert v["deltas"]["per_layer_token_seq"] >= 0 and v["held_out"]["worst"] < 0.08, v
 
 
 def test_other_software_versions_are_used_with_a_note(tmp_path):
@@ -213,11 +233,16 @@ def test_other_software_versions_are_used_with_a_note(tmp_path):
     assert len(notes) == 2 and "torch 1.0.0" in notes[0] and "megatron_core 0.1.0" in notes[1], plan["notes"]
 
 
-def test_a_file_without_a_fitted_step_is_refused(tmp_path):
+def test_a_file_without_a_step_fitted_as_this_version_fits_it_is_refused(tmp_path):
+    """Version 1 (no step) and version 2 (a variant as one factor on the layers' time): calibrate again."""
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"calibration_version": 1, "machine": {}, "measurements": []}))
-    with pytest.raises(ValueError, match="holds no fitted step"):
+    with pytest.raises(ValueError, match="holds no step fitted as this version fits it.*calibrate again"):
         cs.load(old)
+    older = tmp_path / "older.json"
+    older.write_text(json.dumps({"calibration_version": 2, "step": {"layouts": []}}))
+    with pytest.raises(ValueError, match="calibration_version 2 holds no step fitted"):
+        cs.load(older)
 
 
 def test_a_calibration_being_made_does_not_read_the_one_named():

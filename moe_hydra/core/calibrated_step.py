@@ -25,8 +25,9 @@ by the fit of all the others (leave one out). That held-out error, not the fit's
 A calibration holds for what it measured: one model's widths, one implementation, its processes and the settings
 that change what a layer runs (:func:`holds`), on each layout it measured (one fit each, ``layouts``); its depth,
 micro-batch size, sequence length and micro-batches per step are what the form extrapolates over. The other options
-of the variant groups (:data:`VARIANT_GROUPS`: recompute, the dispatcher) are measured on each layout as a factor
-on the layers' time (:func:`variant_factor`), each with its own held-out error.
+of the variant groups (:data:`VARIANT_GROUPS`: recompute, the dispatcher) are measured on each layout as what they add
+to its layers' coefficients per token and per token and key (:func:`variant_terms`), each with its own held-out
+error.
 
 Pure: the standard library; numpy and scipy inside :func:`fit`.
 """
@@ -42,6 +43,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+# calibration.json's version: 2, the model's step measured and fitted (``step``); 3, a variant measured as what it
+# adds to the layers' coefficients (``deltas``), not as a factor on their time. A file of an older one is refused.
+VERSION = 3
 TERMS = ("per_step", "per_step_layer", "per_microbatch", "per_microbatch_token", "per_layer", "per_layer_token",
          "per_layer_token_seq")
 FORM = ("T = per_step + per_step_layer l + (M + PP - 1) (per_microbatch + per_microbatch_token t "
@@ -123,33 +127,57 @@ def derive(shapes: list[Shape], seconds: list[float]) -> dict[str, Any]:
                        for sh, s, e in zip(shapes, seconds, errors)]}
 
 
-def layer_seconds(coefficients: dict[str, float], shape: Shape) -> float:
-    """The layers' part of a step of ``shape`` (what a variant's factor scales)."""
-    return predict(coefficients, shape)[1]["layers"]
+VARIANT_TERMS = ("per_layer_token", "per_layer_token_seq")
 
 
-def variant_factor(coefficients: dict[str, float], shapes: list[Shape], seconds: list[float],
-                   paired: list[float]) -> dict[str, Any]:
+def variant_terms(coefficients: dict[str, float], shapes: list[Shape], seconds: list[float],
+                  paired: list[float]) -> dict[str, Any]:
     """An option of a variant group measured at ``shapes`` (``seconds``), each step paired with the layout's own
     option measured just before it at the same shape (``paired``: the machine's drift between the two cancels):
-    the factor on the layers' time (their share of the step from the layout's fit, ``coefficients``) that best
-    explains the ratios, least squares; and each step predicted from its pair with the factor of the others (held
-    out)."""
-    share = [layer_seconds(coefficients, sh) / predict(coefficients, sh)[0] for sh in shapes]
+    what it adds to the layout's coefficients (``coefficients``) of the layers' work per token and per token and
+    key (:data:`VARIANT_TERMS`; ``deltas``), least squares on the ratios to the pairs, each step's extra relative to
+    the layout's fit of it; and each step predicted from its pair with the deltas of the others (held out).
 
-    def factor(idx: list[int]) -> float:
-        # T = T_own (1 + (f - 1) share)  =>  T / T_own - 1 = (f - 1) share, one unknown
-        den = sum(share[i] ** 2 for i in idx)
-        return max(1.0 + sum(share[i] * (seconds[i] / paired[i] - 1) for i in idx) / den, 0.0) if den else 1.0
+    Per token, of either sign (a dispatcher moves a token's copies faster or slower; a recompute re-runs the
+    forward's GEMMs and kernels); per token and key, never below 0 (a recompute of core attention re-runs it, a
+    dispatcher does not touch it). A variant is measured at sequences up to 4x the plan's
+    (:func:`moe_hydra.job.calibrate.variant_shapes`) for that second term: on this CPU a selective recompute of core
+    attention costs 1.2x the step at the plan's sequence and 2.3-2.9x at 4x it, far beyond attention's share of the
+    step (one factor on the layers' time, fitted at the plan's sequence, had predicted a 512-token run 43 % short)."""
+    own = [predict(coefficients, sh)[0] for sh in shapes]
+    x = [(sh.slots * sh.layers * sh.tokens / o, sh.slots * sh.layers * sh.tokens * sh.seq / o)
+         for sh, o in zip(shapes, own)]
+    y = [s / p - 1 for s, p in zip(seconds, paired)]
+
+    def deltas(idx: list[int]) -> tuple[float, float]:
+        # y = d_token x_token + d_key x_key: the normal equations, d_key >= 0 (else d_token alone)
+        aa, bb = sum(x[i][0] ** 2 for i in idx), sum(x[i][1] ** 2 for i in idx)
+        ab = sum(x[i][0] * x[i][1] for i in idx)
+        ay, by = sum(x[i][0] * y[i] for i in idx), sum(x[i][1] * y[i] for i in idx)
+        det = aa * bb - ab * ab
+        if det > 1e-12 * aa * bb:
+            token, key = (ay * bb - by * ab) / det, (by * aa - ay * ab) / det
+            if key >= 0:
+                return token, key
+        return ay / aa, 0.0
 
     every = list(range(len(shapes)))
     errors = []
     for i in every:
-        f = factor([j for j in every if j != i])
-        errors.append(abs(math.log(max(paired[i] * (1 + (f - 1) * share[i]), 1e-12) / seconds[i])))
-    return {"layer_factor": factor(every), "held_out": summary(errors),
+        token, key = deltas([j for j in every if j != i])
+        errors.append(abs(math.log(max(paired[i] * (1 + token * x[i][0] + key * x[i][1]), 1e-12) / seconds[i])))
+    return {"deltas": dict(zip(VARIANT_TERMS, deltas(every))), "held_out": summary(errors),
             "points": [{**asdict(sh), "seconds": s, "paired_seconds": b, "held_out_abs_ln": e}
                        for sh, s, b, e in zip(shapes, seconds, paired, errors)]}
+
+
+def with_variants(coefficients: dict[str, float], variants: list[dict[str, Any]]) -> dict[str, float]:
+    """A layout's coefficients with what its measured variants add (:func:`variant_terms`), each at least 0."""
+    out = dict(coefficients)
+    for v in variants:
+        for name, delta in v["deltas"].items():
+            out[name] = max(out[name] + delta, 0.0)
+    return out
 
 
 def shape_of(r: Any) -> Shape:
@@ -222,9 +250,8 @@ def estimate(step: dict[str, Any], r: Any) -> tuple[float, dict[str, float], dic
     if differ:
         return differ
     shape = shape_of(r)
-    seconds, terms = predict(fitted["coefficients"], shape)
     used, worst_p90 = {"layout": describe_layout(layout), "held_out": fitted["held_out"]}, fitted["held_out"]["p90"]
-    factor = 1.0
+    variants = []
     for group in VARIANT_GROUPS:
         mine, own = group_config(r.cfg, group), fitted["settings"][group]
         if mine == own["config"]:
@@ -234,12 +261,10 @@ def estimate(step: dict[str, Any], r: Any) -> tuple[float, dict[str, float], dic
         if variant is None:
             return [f"{group}={getattr(r.cfg, group).name} (measured on {describe_layout(layout)}: "
                     + ", ".join([own["option"], *(v["option"] for v in measured)]) + ")"]
-        factor *= variant["layer_factor"]
-        used[group] = {"option": variant["option"], "layer_factor": variant["layer_factor"],
-                       "held_out": variant["held_out"]}
+        variants.append(variant)
+        used[group] = {"option": variant["option"], "deltas": variant["deltas"], "held_out": variant["held_out"]}
         worst_p90 = max(worst_p90, variant["held_out"]["p90"])
-    seconds += (factor - 1) * terms["layers"]
-    terms = {**terms, "layers": terms["layers"] * factor}
+    seconds, terms = predict(with_variants(fitted["coefficients"], variants), shape)
     if scaled is not None:
         used["scaled_out"] = {"from": describe_layout(scaled["layout"]), "dp": [scaled["layout"]["dp"], layout["dp"]],
                               "processes": [_world(calibrated["processes"]), _world(here["processes"])],
@@ -335,7 +360,8 @@ def _load(path: str, mtime_ns: int, size: int) -> tuple[dict[str, Any], str]:
         raise ValueError(f"{p}: not readable ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
     if not isinstance(cal, dict) or "calibration_version" not in cal:
         raise ValueError(f"{p}: not a calibration.json (no calibration_version): make one with stage=calibrate")
-    if not isinstance((cal.get("step") or {}).get("layouts"), list):
-        raise ValueError(f"{p}: holds no fitted step (calibration_version {cal.get('calibration_version')}): "
-                         "calibrate again with this version (stage=calibrate)")
+    version, fitted = cal["calibration_version"], (cal.get("step") or {}).get("layouts")
+    if not isinstance(fitted, list) or not isinstance(version, int) or version < VERSION:
+        raise ValueError(f"{p}: calibration_version {version!r} holds no step fitted as this "
+                         f"version fits it ({VERSION}): calibrate again with this version (stage=calibrate)")
     return cal, hashlib.sha256(raw).hexdigest()

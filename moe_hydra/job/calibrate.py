@@ -32,6 +32,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from moe_hydra.core import calibrated_step
+
 WARMUP = 2  # calls discarded before timing: allocator, kernel selection, first-touch pages
 REPEATS = 7  # timed calls
 
@@ -195,7 +197,7 @@ def collective(op: str, nbytes: int, group: Any = None, dtype: Any = None, devic
 
 # ------------------------------------------------------------------------------------------------ the stage's job
 
-CALIBRATION_VERSION = 2  # 2: the model's step measured and fitted (``step``)
+CALIBRATION_VERSION = calibrated_step.VERSION
 CALIBRATION_FILE = "calibration.json"
 MICRO_BATCHES = (1, 2, 4)  # micro-batch sizes whose tokens the steps and GEMMs are measured at (>= 3 shapes)
 DEPTHS = (1, 2)  # decoder layers on each pipeline stage of the shrunken models whose steps are measured
@@ -281,9 +283,13 @@ def step_shapes(seq_length: int) -> list[tuple[int, int, int, int]]:
 
 
 def variant_shapes(seq_length: int) -> list[tuple[int, int, int, int]]:
-    """The steps a variant (another recompute level, another dispatcher) is measured at on each layout: both depths
-    at micro-batches of 2 sequences, and the deeper at 4 (three, so that each is held out against the other two)."""
-    return [(DEPTHS[0], 2, seq_length, 1), (DEPTHS[1], 2, seq_length, 1), (DEPTHS[1], 4, seq_length, 1)]
+    """The steps a variant (another recompute level, another dispatcher) is measured at on each layout, at the deeper
+    depth: micro-batches of 1 and 2 sequences, and one sequence two and four times as long. Four, at three sequence
+    lengths: what a variant adds per token is told from what it adds per token and key (core attention's work,
+    which grows with the sequence; :func:`moe_hydra.core.calibrated_step.variant_terms`), also with one step held
+    out."""
+    d = DEPTHS[-1]
+    return [(d, 1, seq_length, 1), (d, 2, seq_length, 1), (d, 1, 2 * seq_length, 1), (d, 1, 4 * seq_length, 1)]
 
 
 def layouts(r: Any) -> list[dict[str, Any]]:
@@ -322,7 +328,7 @@ def variants(r: Any) -> list[tuple[str, str, dict[str, Any]]]:
     has not: ``[core_attn, layernorm]`` there)."""
     from itertools import combinations
 
-    from moe_hydra.core import calibrated_step, presets
+    from moe_hydra.core import presets
     from moe_hydra.core.versions import mcore_facts
     from moe_hydra.planning import rules
 
@@ -357,7 +363,6 @@ def steps(job: Any, say: Callable[[str], None]) -> list[dict[str, Any]]:
     own at the variants' shapes ``paired``)."""
     from megatron.core import parallel_state as ps
 
-    from moe_hydra.core import calibrated_step
     from moe_hydra.core.versions import mcore_facts
     from moe_hydra.planning import rules
 
@@ -378,7 +383,8 @@ def steps(job: Any, say: Callable[[str], None]) -> list[dict[str, Any]]:
                 say(f"{group}={option} on {first.layout.describe()}: left out ({refused[0].message})")
                 continue
             others.append((group, option, values,
-                           {d: Built(job, shrunk(r, d, 1, longest, 1, fields, {group: values})) for d in DEPTHS}))
+                           {d: Built(job, shrunk(r, d, 1, longest, 1, fields, {group: values}))
+                            for d in dict.fromkeys(shape[0] for shape in variant_shapes(seq))}))
         for shape in variant_shapes(seq) if others else ():  # the layout's own, then each variant, at each shape
             timers.append(own[shape[0]].timer(shrunk(r, *shape, fields), paired=True))
             for group, option, values, built in others:
@@ -503,8 +509,8 @@ class StepTimer:
 
 def fit_steps(measured: list[dict[str, Any]], r: Any) -> dict[str, Any]:
     """calibration.json's ``step`` from :func:`steps`' rows: per layout, the form fitted on its plan-settings steps
-    (:func:`moe_hydra.core.calibrated_step.derive`) and each variant's factor on the layers' time."""
-    from moe_hydra.core import calibrated_step as cs
+    (:func:`moe_hydra.core.calibrated_step.derive`) and what each variant adds to its coefficients."""
+    cs = calibrated_step
 
     def shape(row: dict[str, Any]) -> cs.Shape:
         return cs.Shape(row["pp"], row["microbatches"], row["layers"], row["micro_batch_size"] * row["seq_length"],
@@ -522,7 +528,7 @@ def fit_steps(measured: list[dict[str, Any]], r: Any) -> dict[str, Any]:
         for group, option in options:
             rows = [x for x in lay["measurements"] if x.get("group") == group and x.get("option") == option]
             entry["variants"].append({"group": group, "option": option, "config": rows[0]["config"],
-                                      **cs.variant_factor(entry["coefficients"], [shape(x) for x in rows],
+                                      **cs.variant_terms(entry["coefficients"], [shape(x) for x in rows],
                                                           [x["median_s"] for x in rows],
                                                           [x["median_s"] for x in pairs])})
         fitted.append(entry)
@@ -542,7 +548,7 @@ def worker(spec: dict[str, Any], job: Any) -> dict[str, Any] | None:
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
-    from moe_hydra.core import calibrated_step, io
+    from moe_hydra.core import io
     from moe_hydra.job.compat import cpu_has_bf16
 
     r = spec["resolved"]
@@ -600,7 +606,8 @@ def worker(spec: dict[str, Any], job: Any) -> dict[str, Any] | None:
         held = lay["held_out"]
         say(f"step on {calibrated_step.describe_layout(lay['layout'])} fitted on {held['points']} steps: held out "
             f"(each step predicted by the others) median |ln| {held['median']:.3f}, p90 {held['p90']:.3f}, worst "
-            f"{held['worst']:.3f}" + "".join(f"; {v['group']}={v['option']} x{v['layer_factor']:.2f} on the layers "
-                                             f"(worst {v['held_out']['worst']:.3f})" for v in lay["variants"]))
+            f"{held['worst']:.3f}" + "".join(f"; {v['group']}={v['option']} adds "
+                                             + ", ".join(f"{d:+.3g} s {k}" for k, d in v["deltas"].items())
+                                             + f" (worst {v['held_out']['worst']:.3f})" for v in lay["variants"]))
     say(f"{len(rows)} measurements in {record['seconds']:.1f} s -> {out_dir / CALIBRATION_FILE}")
     return record

@@ -69,7 +69,7 @@ def write_calibration(path: str | Path, r, machine: dict | None = None, implemen
     """A calibration.json as ``stage=calibrate`` writes it for the resolved plan ``r`` (a CPU, 1 process, its
     implementation, what its step holds for, one fit on ``r``'s layout with ``r``'s recompute and dispatcher),
     without measuring: the rules' and the plan's input. ``coefficients``: the fit's (10 ms a step and 5 ms a layer
-    when None); ``variants``: its variants' records (group, option, config, layer_factor, held_out);
+    when None); ``variants``: its variants' records (group, option, config, deltas, held_out);
     ``measurements``: its measurement rows (none when None)."""
     from dataclasses import asdict
 
@@ -81,7 +81,7 @@ def write_calibration(path: str | Path, r, machine: dict | None = None, implemen
               "settings": {g: {"option": getattr(r.cfg, g).name, "config": cs.group_config(r.cfg, g)}
                            for g in cs.VARIANT_GROUPS},
               "coefficients": coefficients or {**dict.fromkeys(cs.TERMS, 0.0), "per_step": 0.01, "per_layer": 0.005}}
-    record = {"calibration_version": 2,
+    record = {"calibration_version": cs.VERSION,
               "machine": machine or {"device": "x86_64", "device_type": "cpu", "processes": 1, "torch": None,
                                      "megatron_core": None},
               "implementation": implementation or impl, "model": r.cfg.model.name,

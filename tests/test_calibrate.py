@@ -113,14 +113,16 @@ def test_stage_calibrate_measures_this_machine_on_the_jobs_processes(cli, tmp_pa
         return m["layers"], m["micro_batch_size"], m["seq_length"], m["microbatches"]
 
     steps = by_kind["step"]
-    own = [m for m in steps if "option" not in m and not m.get("paired")]
+    own = [m for m in steps if "option" not in m]
     assert [shape(m) for m in own] == calibrate.step_shapes(seq)
     # step_repeats=3 in 2 rounds: 2 timed steps a round
     assert all(m["median_s"] > 0 and m["samples"] == calibrate.ROUNDS * -(-3 // calibrate.ROUNDS) == 4 for m in steps)
-    # at each variant shape: the layout's own, then allgather right after it
+    # at each variant shape, allgather right after the layout's own step (its pair), in the measured order
+    variant_at = [shape(steps[i - 1]) for i, m in enumerate(steps) if m.get("option") == "allgather"]
+    assert variant_at == [s for s in calibrate.step_shapes(seq) if s in calibrate.variant_shapes(seq)]
+    assert sorted(variant_at) == sorted(calibrate.variant_shapes(seq))
     rest = [m for m in steps if m not in own]
-    assert [(shape(m), m.get("option")) for m in rest] == [
-        (s, o) for s in calibrate.variant_shapes(seq) for o in (None, "allgather")]
+    assert [shape(m) for m in rest] == variant_at
     (lay,) = rec["step"]["layouts"]
     assert lay["layout"]["dp"] == 2 and rec["step"]["holds"]["processes"]["devices_per_node"] == 2
     assert len(lay["points"]) == len(own) and 0 <= lay["held_out"]["median"] <= lay["held_out"]["worst"]
@@ -130,7 +132,7 @@ def test_stage_calibrate_measures_this_machine_on_the_jobs_processes(cli, tmp_pa
     assert set(v["deltas"]) == {"per_layer_token", "per_layer_token_seq"} and len(v["points"]) == 4
     assert v["deltas"]["per_layer_token_seq"] >= 0
     assert v["held_out"]["worst"] >= v["held_out"]["median"]
-    assert [p["paired_seconds"] for p in v["points"]] == [m["median_s"] for m in rest if m.get("paired")]
+    assert [p["paired_seconds"] for p in v["points"]] == [steps[steps.index(m) - 1]["median_s"] for m in rest]
     gemms = {(g["gemm"], g["m"], g["n"], g["k"]) for g in by_kind["gemm"]}
     assert gemms == set(calibrate.gemm_shapes(a, seq)) and {m for _, m, _, _ in gemms} >= {seq, 2 * seq, 4 * seq}
     assert ("logits", seq, a.padded_vocab(), a.h) in gemms and all(g["tflops"] > 0 for g in by_kind["gemm"])
@@ -156,6 +158,8 @@ def test_the_layouts_and_variants_it_measures_are_every_one_the_job_can_run():
     assert [(g, o) for g, o, _ in calibrate.variants(r)] == [("recompute", "selective"), ("recompute", "full"),
                                                              ("dispatcher", "allgather")]
     assert calibrate.variants(r)[0][2]["recompute_modules"] == ["core_attn"]
+    # a variant's pair is the layout's own step at its shape: one of those measured anyway
+    assert set(calibrate.variant_shapes(128)) <= set(calibrate.step_shapes(128))
     plan_only = resolve(compose_config("hardware.devices_per_node=2", "expert_mesh=ep2", "calibrate.layouts=plan"))
     assert [(f["expert_model_parallel_size"], f["sequence_parallel"]) for f in calibrate.layouts(plan_only)] == [
         (2, False)]

@@ -355,12 +355,12 @@ def variants(r: Any) -> list[tuple[str, str, dict[str, Any]]]:
 def steps(job: Any, say: Callable[[str], None]) -> list[dict[str, Any]]:
     """The model's training step, as the job times it (Megatron-Core's blocks, forward and backward through its
     schedule, the optimizer step; the slowest rank's time), on shrunken models: on each layout of :func:`layouts`,
-    at every shape of :func:`step_shapes` with the plan's settings, and at :func:`variant_shapes` with each variant
-    of :func:`variants`, next to the layout's own at that shape (one the rules refuse on a layout is left out
-    there, and said). A model is built once for each depth (and variant) and stepped at each of its shapes, all of
-    a layout's steps in rounds (:func:`rounds`). Returns, per layout: its ``parallel`` fields, the resolved plan of
-    its first step, and its measurements (a variant's with its ``group``, ``option`` and ``config``; the layout's
-    own at the variants' shapes ``paired``)."""
+    at every shape of :func:`step_shapes` with the plan's settings, and at :func:`variant_shapes` (some of them)
+    with each variant of :func:`variants` right after the layout's own at that shape, its pair (one the rules
+    refuse on a layout is left out there, and said). A model is built once for each depth (and variant) and stepped
+    at each of its shapes, all of a layout's steps in rounds (:func:`rounds`). Returns, per layout: its
+    ``parallel`` fields, the resolved plan of its first step, and its measurements (a variant's with its ``group``,
+    ``option`` and ``config``)."""
     from megatron.core import parallel_state as ps
 
     from moe_hydra.core.versions import mcore_facts
@@ -375,7 +375,6 @@ def steps(job: Any, say: Callable[[str], None]) -> list[dict[str, Any]]:
         ps.destroy_model_parallel()
         job.for_plan(first).init_model_parallel()
         own = {d: Built(job, shrunk(r, d, 1, longest, 1, fields)) for d in DEPTHS}
-        timers = [own[shape[0]].timer(shrunk(r, *shape, fields)) for shape in step_shapes(seq)]
         others = []
         for group, option, values in variants(r):
             refused = rules.check(shrunk(r, DEPTHS[0], 1, seq, 1, fields, {group: values}), mcore_facts())
@@ -385,9 +384,10 @@ def steps(job: Any, say: Callable[[str], None]) -> list[dict[str, Any]]:
             others.append((group, option, values,
                            {d: Built(job, shrunk(r, d, 1, longest, 1, fields, {group: values}))
                             for d in dict.fromkeys(shape[0] for shape in variant_shapes(seq))}))
-        for shape in variant_shapes(seq) if others else ():  # the layout's own, then each variant, at each shape
-            timers.append(own[shape[0]].timer(shrunk(r, *shape, fields), paired=True))
-            for group, option, values, built in others:
+        timers = []
+        for shape in step_shapes(seq):  # the layout's own; at a variant shape, each variant right after it
+            timers.append(own[shape[0]].timer(shrunk(r, *shape, fields)))
+            for group, option, values, built in others if shape in variant_shapes(seq) else ():
                 v = shrunk(r, *shape, fields, {group: values})
                 timers.append(built[shape[0]].timer(v, group=group, option=option,
                                                     config=calibrated_step.group_config(v.cfg, group)))
@@ -518,24 +518,24 @@ def fit_steps(measured: list[dict[str, Any]], r: Any) -> dict[str, Any]:
 
     fitted = []
     for lay in measured:
-        own = [x for x in lay["measurements"] if "group" not in x and not x.get("paired")]
+        own = [x for x in lay["measurements"] if "group" not in x]
         entry = {"layout": cs.layout_of(lay["resolved"]), "parallel": lay["parallel"],
                  "settings": {g: {"option": getattr(r.cfg, g).name, "config": cs.group_config(r.cfg, g)}
                               for g in cs.VARIANT_GROUPS},
                  **cs.derive([shape(x) for x in own], [x["median_s"] for x in own]), "variants": []}
         options = dict.fromkeys((x["group"], x["option"]) for x in lay["measurements"] if "option" in x)
-        pairs = [x for x in lay["measurements"] if x.get("paired")]  # at each variant's shapes, in their order
+        own_at = {shape(x): x["median_s"] for x in own}  # a variant's pair: the layout's own step at its shape
         for group, option in options:
             rows = [x for x in lay["measurements"] if x.get("group") == group and x.get("option") == option]
             entry["variants"].append({"group": group, "option": option, "config": rows[0]["config"],
                                       **cs.variant_terms(entry["coefficients"], [shape(x) for x in rows],
                                                           [x["median_s"] for x in rows],
-                                                          [x["median_s"] for x in pairs])})
+                                                          [own_at[shape(x)] for x in rows])})
         fitted.append(entry)
     every = [p["held_out_abs_ln"] for e in fitted for p in e["points"]]
     every += [p["held_out_abs_ln"] for e in fitted for v in e["variants"] for p in v["points"]]
     return {"form": cs.FORM, "held_out_method": "leave one step out: each measured step predicted by the fit (or the "
-            "variant's factor) of the others on its layout", "held_out": cs.summary(every),
+            "variant's deltas) of the others on its layout", "held_out": cs.summary(every),
             "holds": cs.holds(r), "layouts": fitted}
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from moe_hydra.core import calibrated_step
+from moe_hydra.core import calibrated_step as cs
 
 WARMUP = 2  # calls discarded before timing: allocator, kernel selection, first-touch pages
 REPEATS = 7  # timed calls
@@ -197,7 +197,7 @@ def collective(op: str, nbytes: int, group: Any = None, dtype: Any = None, devic
 
 # ------------------------------------------------------------------------------------------------ the stage's job
 
-CALIBRATION_VERSION = calibrated_step.VERSION
+CALIBRATION_VERSION = cs.VERSION
 CALIBRATION_FILE = "calibration.json"
 MICRO_BATCHES = (1, 2, 4)  # micro-batch sizes whose tokens the steps and GEMMs are measured at (>= 3 shapes)
 DEPTHS = (1, 2)  # decoder layers on each pipeline stage of the shrunken models whose steps are measured
@@ -336,7 +336,7 @@ def variants(r: Any) -> list[tuple[str, str, dict[str, Any]]]:
     for group in r.cfg.calibrate.variants:
         if group == "dispatcher" and not r.arch.experts:
             continue
-        for option in calibrated_step.VARIANT_GROUPS[group]:
+        for option in cs.VARIANT_GROUPS[group]:
             values = {k.split(".", 1)[1]: v for k, v in presets.preset(group, option).items()}
             modules = values.get("recompute_modules") or []
             for keep in range(len(modules), 0, -1):
@@ -347,7 +347,7 @@ def variants(r: Any) -> list[tuple[str, str, dict[str, Any]]]:
                     values["recompute_modules"] = legal
                     break
             other = replace(r.cfg, **{group: replace(getattr(r.cfg, group), **values)})
-            if calibrated_step.group_config(other, group) != calibrated_step.group_config(r.cfg, group):
+            if cs.group_config(other, group) != cs.group_config(r.cfg, group):
                 out.append((group, option, values))
     return out
 
@@ -390,7 +390,7 @@ def steps(job: Any, say: Callable[[str], None]) -> list[dict[str, Any]]:
             for group, option, values, built in others if shape in variant_shapes(seq) else ():
                 v = shrunk(r, *shape, fields, {group: values})
                 timers.append(built[shape[0]].timer(v, group=group, option=option,
-                                                    config=calibrated_step.group_config(v.cfg, group)))
+                                                    config=cs.group_config(v.cfg, group)))
         rows = rounds(timers, repeats, say)
         for built in [*own.values(), *(b for *_, models in others for b in models.values())]:
             built.free()
@@ -510,7 +510,6 @@ class StepTimer:
 def fit_steps(measured: list[dict[str, Any]], r: Any) -> dict[str, Any]:
     """calibration.json's ``step`` from :func:`steps`' rows: per layout, the form fitted on its plan-settings steps
     (:func:`moe_hydra.core.calibrated_step.derive`) and what each variant adds to its coefficients."""
-    cs = calibrated_step
 
     def shape(row: dict[str, Any]) -> cs.Shape:
         return cs.Shape(row["pp"], row["microbatches"], row["layers"], row["micro_batch_size"] * row["seq_length"],
@@ -604,7 +603,7 @@ def worker(spec: dict[str, Any], job: Any) -> dict[str, Any] | None:
     io.write_json(record, out_dir / CALIBRATION_FILE)
     for lay in step["layouts"]:
         held = lay["held_out"]
-        say(f"step on {calibrated_step.describe_layout(lay['layout'])} fitted on {held['points']} steps: held out "
+        say(f"step on {cs.describe_layout(lay['layout'])} fitted on {held['points']} steps: held out "
             f"(each step predicted by the others) median |ln| {held['median']:.3f}, p90 {held['p90']:.3f}, worst "
             f"{held['worst']:.3f}" + "".join(f"; {v['group']}={v['option']} adds "
                                              + ", ".join(f"{d:+.3g} s {k}" for k, d in v["deltas"].items())

@@ -205,6 +205,25 @@ def test_a_signal_in_any_command_ends_it_quietly(tmp_path, name, signame):
         assert err.strip().splitlines()[-1].endswith(said), err[-500:]
 
 
+@pytest.mark.parametrize("argv, orig, command", [
+    (["-m"], ["python", "-m", "moe_hydra", "stage=plan"], "run"),
+    (["-m"], ["python", "-u", "-m", "moe_hydra.tune", "x"], "tune"),
+    (["-m"], ["python", "-m", "moe_hydra.job.warm_server"], None),  # a job's process: Python's own handling
+    (["-m"], ["python", "-m", "pytest"], None),
+    (["/venv/bin/moe-hydra", "compare", "d"], ["python", "/venv/bin/moe-hydra", "compare", "d"], "compare"),
+    (["/venv/bin/moe-hydra", "stage=plan"], ["python", "/venv/bin/moe-hydra", "stage=plan"], "run"),
+    (["/x/pytest"], ["python", "/x/pytest"], None)])
+def test_a_command_stops_quietly_from_its_first_import(monkeypatch, argv, orig, command):
+    """A command's signal handling starts with the package's import (a SIGINT in ``import signal`` under CI's load
+    once gave a traceback): for ``python -m moe_hydra[.<command>]`` and ``moe-hydra``, never for another module,
+    a library import or a test."""
+    import moe_hydra
+
+    monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.setattr(sys, "orig_argv", orig)
+    assert moe_hydra._starting_command() == command
+
+
 # ----------------------------------------------------------------------------- like with like
 
 def test_repeat_auto_over_arms_of_different_work_is_refused_before_a_round(tmp_path):

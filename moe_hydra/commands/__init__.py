@@ -33,6 +33,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import NoReturn
 
+import moe_hydra
 from moe_hydra.core.errors import (EXIT_FAILED, EXIT_OK, EXIT_REFUSED, Failed, Refused, Terminated, exit_code_help,
                                    raise_terminated, signal_exit)
 
@@ -130,7 +131,9 @@ def finish(name: str, run: Callable[[], int | None]) -> NoReturn:
     line) included, and with the command's SIGTERM handling kept until the process is on its way out, so that a
     signal coming just as the command ends (its own handler restored) is still its ending — one line, 130 or 143 —
     never a death by signal while the interpreter shuts down."""
-    if threading.current_thread() is threading.main_thread():
+    if threading.current_thread() is threading.main_thread():  # in place of those of its start (moe_hydra/__init__)
+        if signal.getsignal(signal.SIGINT) is moe_hydra._stopped_while_starting:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, raise_terminated)
     try:
         code = run()

@@ -144,9 +144,10 @@ def variant_terms(coefficients: dict[str, float], shapes: list[Shape], seconds: 
     (:func:`moe_hydra.job.calibrate.variant_shapes`) for that second term: on this CPU a selective recompute of core
     attention costs 1.2x the step at the plan's sequence and 2.3-2.9x at 4x it, far beyond attention's share of the
     step (one factor on the layers' time, fitted at the plan's sequence, had predicted a 512-token run 43 % short)."""
-    own = [predict(coefficients, sh)[0] for sh in shapes]
-    x = [(sh.slots * sh.layers * sh.tokens / o, sh.slots * sh.layers * sh.tokens * sh.seq / o)
-         for sh, o in zip(shapes, own)]
+    x = []  # each step's multipliers of the two terms, relative to the layout's fit of it
+    for sh in shapes:
+        f, own = dict(zip(TERMS, sh.features())), predict(coefficients, sh)[0]
+        x.append(tuple(f[name] / own for name in VARIANT_TERMS))
     y = [s / p - 1 for s, p in zip(seconds, paired)]
 
     def deltas(idx: list[int]) -> tuple[float, float]:

@@ -375,6 +375,7 @@ def steps(job: Any, say: Callable[[str], None]) -> list[dict[str, Any]]:
         ps.destroy_model_parallel()
         job.for_plan(first).init_model_parallel()
         own = {d: Built(job, shrunk(r, d, 1, longest, 1, fields)) for d in DEPTHS}
+        at_variants = variant_shapes(seq)
         others = []
         for group, option, values in variants(r):
             refused = rules.check(shrunk(r, DEPTHS[0], 1, seq, 1, fields, {group: values}), mcore_facts())
@@ -383,11 +384,11 @@ def steps(job: Any, say: Callable[[str], None]) -> list[dict[str, Any]]:
                 continue
             others.append((group, option, values,
                            {d: Built(job, shrunk(r, d, 1, longest, 1, fields, {group: values}))
-                            for d in dict.fromkeys(shape[0] for shape in variant_shapes(seq))}))
+                            for d in dict.fromkeys(shape[0] for shape in at_variants)}))
         timers = []
         for shape in step_shapes(seq):  # the layout's own; at a variant shape, each variant right after it
             timers.append(own[shape[0]].timer(shrunk(r, *shape, fields)))
-            for group, option, values, built in others if shape in variant_shapes(seq) else ():
+            for group, option, values, built in others if shape in at_variants else ():
                 v = shrunk(r, *shape, fields, {group: values})
                 timers.append(built[shape[0]].timer(v, group=group, option=option,
                                                     config=cs.group_config(v.cfg, group)))

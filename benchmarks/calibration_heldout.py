@@ -10,7 +10,9 @@
 3. each configuration's plan with the calibration (``stage=plan hardware.calibration=...``) against its mean
    measured step: |ln(predicted/measured)| printed beside its run-to-run noise (|ln| of its two runs' ratio), then
    median, p90 and worst over all; and per group of layouts of one model and batch, whether the measured best is
-   the predicted best or within 5 % of it.
+   the predicted best or within 5 % of it;
+4. the first configuration run once more at the end: how far the machine's own speed drifted meanwhile (a
+   calibration predicts the machine as it was while it measured).
 
 Goals (issue 36): median <= 0.10, p90 <= 0.20, worst <= 0.30; the measured best predicted in every group. Takes
 about 25 minutes on 2 cores; run it alone (another load moves the step times).
@@ -109,6 +111,17 @@ def measure(root: Path, name: str, overrides: list[str], runs: int, window: int)
     return out
 
 
+def drift(root: Path, first: dict, window: int) -> None:
+    """The first configuration measured once more at the end: how far this machine's speed moved while the
+    benchmark ran (tens of minutes). A calibration predicts the machine as it was while it measured: on this CPU a
+    run 45 minutes later once came out 0.22 (|ln|) slower, beyond any run-to-run noise within minutes."""
+    again = measure(root, f"{first['name']}-again", first["overrides"], 1, window)
+    if again:
+        print(f"machine drift: {first['name']} measured {first['measured'] * 1e3:.1f} ms at the start, "
+              f"{again[0] * 1e3:.1f} ms at the end (|ln| {abs(math.log(again[0] / first['measured'])):.3f})",
+              flush=True)
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, math.ceil(q * len(xs)) - 1)]
@@ -141,12 +154,13 @@ def main() -> None:
         noise = abs(math.log(measured[0] / measured[1])) if len(measured) > 1 else float("nan")
         err = abs(math.log(seconds / mean))
         rows.append({"model": model, "group": group, "layout": layout, "predicted": seconds, "measured": mean,
-                     "err": err, "noise": noise})
+                     "err": err, "noise": noise, "name": name, "overrides": overrides})
         print(f"{model:9} {group:18} {layout:6} {seconds * 1e3:8.1f}ms {mean * 1e3:7.1f}ms {err:6.3f} {noise:6.3f}",
               flush=True)
     errs = [r["err"] for r in rows]
     if not errs:
         sys.exit("nothing was predicted and measured")
+    drift(root, rows[0], a.window)
     print(f"\n{len(errs)} configurations held out: median |ln| {statistics.median(errs):.3f} (goal <= 0.10), "
           f"p90 {pct(errs, 0.9):.3f} (<= 0.20), worst {max(errs):.3f} (<= 0.30); run-to-run noise median "
           f"{statistics.median([r['noise'] for r in rows if r['noise'] == r['noise']] or [0]):.3f}")

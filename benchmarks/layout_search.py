@@ -6,8 +6,8 @@ Each measurement runs in a fresh process (no caches carried over), alternating, 
                (rules.check): the least any exhaustive search over the legal space must do
     search     what hydra/sweeper=layout runs: Search(cfg, <the sweeper's communication settings>).run():
                enumerate -> rules -> parameters -> memory (least recompute that fits) -> the fastest
-               communication setting that fits -> step-time terms -> rank (forked over this machine's CPUs)
-    serial     the same in one process (MOE_HYDRA_SEARCH_WORKERS=1)
+               communication setting that fits -> step-time terms -> rank, the candidates evaluated as numpy
+               columns in one process
 
 Then the scaling table: the same model on --gpus (default 128, 1024, 8192 and 16,384 H100s), one run each of the
 baseline and the search: candidates, wall time, layouts/s and the peak memory (the largest resident set of the
@@ -21,12 +21,9 @@ Goals (issue 38): the search under 1 s on 1024 GPUs, under 3 s on 16,384, memory
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
-
-from moe_hydra.planning.search import search_workers
 
 CODE = """
 import dataclasses, resource, sys, time
@@ -53,12 +50,10 @@ print(n, seconds, rss / 2**20)
 """
 
 
-def _run(baseline: bool, model: str, nodes: int, workers: str = "") -> tuple[int, float, float]:
+def _run(baseline: bool, model: str, nodes: int) -> tuple[int, float, float]:
     """(candidates, seconds, peak resident GiB) of one fresh process."""
     code = CODE.format(model=model, nodes=nodes, baseline=baseline)
-    env = {**os.environ, "MOE_HYDRA_SEARCH_WORKERS": workers}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env=env).stdout.split()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     return int(out[0]), float(out[1]), float(out[2])
 
 
@@ -70,20 +65,17 @@ def main() -> None:
     ap.add_argument("--gpus", default="128,1024,8192,16384", help="the scaling table's world sizes (H100s, 8 a "
                     "node); empty: none")
     args = ap.parse_args()
-    base, full, serial = [], [], []
+    base, full = [], []
     for _ in range(args.runs):
         n, t, _ = _run(True, args.model, args.nodes)
         base.append(t)
         n, t, _ = _run(False, args.model, args.nodes)
         full.append(t)
-        n, t, _ = _run(False, args.model, args.nodes, workers="1")
-        serial.append(t)
-    b, f, s = statistics.median(base), statistics.median(full), statistics.median(serial)
+    b, f = statistics.median(base), statistics.median(full)
     print(f"{args.model} on {args.nodes * 8} x H100: {n} candidate layouts, median of {args.runs} fresh processes, "
-          f"{search_workers(n)} worker(s) on this machine")
+          "one process each")
     print(f"  baseline (rules only) : {b:.3f} s")
     print(f"  search                : {f:.3f} s  ({f / b:.2f}x the baseline)")
-    print(f"  search, one process   : {s:.3f} s  ({s / b:.2f}x the baseline)")
     print(f"goal: the search under 1 s: {'met' if f < 1 else 'NOT met'}", flush=True)
     gpus = [int(g) for g in args.gpus.split(",") if g]
     if gpus:

@@ -10,7 +10,6 @@ import math
 import os
 import random
 import shlex
-import signal
 
 import pytest
 
@@ -130,8 +129,7 @@ def test_search_and_plan_assess_agree_on_sampled_candidates(overrides, communica
     every = list(search.enumerate_layouts(s.base))
     sample = random.Random(1).sample(every, min(300, len(every)))
     kinds = {"legal": 0, "illegal": 0}
-    for c in sample:
-        got = s.evaluate(c)
+    for c, got in zip(sample, s.evaluate_all(sample)):
         r = s.resolved(c, got.recompute, got.comm) if got.legal and not got.pruned else s.resolved(c)
         assert got.layout == r.layout
         try:
@@ -197,51 +195,37 @@ def test_each_layout_keeps_its_fastest_communication_setting_that_fits():
     assert both.evaluate(in_node).terms["step"] < alltoall.evaluate(in_node).terms["step"]
 
 
-def test_forked_search_equals_the_serial_one():
+def test_candidates_evaluated_together_equal_each_evaluated_alone():
+    """evaluate_all groups rows by the columns a rule, a count or an estimate reads: the whole search's rows equal
+    each candidate's own (a batch of one), every field."""
     cfg = compose_config("stage=plan", "model=qwen3_30b_a3b", H100, "hardware.nodes=4")
-    serial, forked = (search.Search(cfg, dispatchers=["alltoall", "deepep"], ep_overlap=[False, True]).run(workers=w)
-                      for w in (1, 2))
-    assert [(r.rank, r.recompute, r.memory_gib, r.fits, r.comm, r.terms, r.violations) for r in serial] == \
-        [(r.rank, r.recompute, r.memory_gib, r.fits, r.comm, r.terms, r.violations) for r in forked]
-    assert sum(r.rank is not None for r in serial) > 100
+    s = search.Search(cfg, dispatchers=["alltoall", "deepep"], ep_overlap=[False, True])
+    every = list(search.enumerate_layouts(s.base))
+    together = s.evaluate_all(every)
+    alone = search.Search(cfg, dispatchers=["alltoall", "deepep"], ep_overlap=[False, True])
+    for i in random.Random(2).sample(range(len(every)), 150):
+        assert dataclasses.asdict(together[i]) == dataclasses.asdict(alone.evaluate(every[i])), every[i]
+    assert sum(r.legal and r.fits for r in together) > 100
 
 
-_EVALUATE_SHARE = search._evaluate_share
+@pytest.mark.parametrize("overrides", [("model=deepseek_v3", H100, "hardware.nodes=16"),
+                                       ("hardware.devices_per_node=8", "model.num_layers=4", "model.mtp_num_layers=1")])
+def test_a_rule_kinds_columns_decide_the_values_its_rules_read(overrides):
+    """The search runs each kind of rule once per distinct value of its columns (_Columns.RULE_COLUMNS): two
+    candidates alike in those columns must give the same values at every path the kind reads (rules.base.READS)."""
+    from moe_hydra.planning.rules.base import cache_key
 
-
-def _share_that_kills_its_worker(k):
-    if k == 0:
-        os._exit(1)  # a worker gone (the OOM killer, say): multiprocessing.Pool would wait for its task forever
-    return _EVALUATE_SHARE(k)
-
-
-def test_a_forked_search_whose_worker_dies_finishes_in_this_process(monkeypatch):
-    cfg = compose_config("stage=plan", "model=qwen3_30b_a3b", H100, "hardware.nodes=4")
-    serial = search.Search(cfg).run(workers=1)
-    monkeypatch.setattr(search, "_evaluate_share", _share_that_kills_its_worker)
-    monkeypatch.setattr(search, "STALL_S", 2)
-    with pytest.warns(RuntimeWarning, match="made no progress for 2 s"):
-        rescued = search.Search(cfg).run(workers=2)
-    assert [(r.rank, r.memory_gib, r.terms) for r in rescued] == [(r.rank, r.memory_gib, r.terms) for r in serial]
-
-
-def _share_checking_sigterm(k):
-    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, "a worker kept the parent's SIGTERM handler"
-    return _EVALUATE_SHARE(k)
-
-
-@pytest.mark.timeout(120)  # without the fix the pool's exit hangs: fail, don't wait for the suite's 900 s
-def test_forked_workers_die_on_sigterm_whatever_handler_the_parent_has(monkeypatch):
-    """Pool.terminate ends workers blocked on the task queue's lock with SIGTERM: a handler inherited from the
-    parent that returns would keep one alive and the pool's join waiting forever (a CI run hung so)."""
-    cfg = compose_config("stage=plan", "model=qwen3_30b_a3b", H100, "hardware.nodes=4")
-    monkeypatch.setattr(search, "_evaluate_share", _share_checking_sigterm)
-    previous = signal.signal(signal.SIGTERM, lambda *_: None)
-    try:
-        results = search.Search(cfg).run(workers=2)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    assert sum(r.rank is not None for r in results) > 100
+    s = search.Search(compose_config("stage=plan", *overrides))
+    every = list(search.enumerate_layouts(s.base))
+    t = search._Columns(s, every)
+    for kind, names in t.RULE_COLUMNS.items():
+        values = cache_key(kind)[0]
+        seen: dict[tuple, tuple] = {}
+        for i in random.Random(3).sample(range(len(every)), min(400, len(every))):
+            cols = tuple(int(getattr(t, n)[i]) for n in names)
+            got = values(s.resolved(every[i]))[:-1]  # (the key's last value is TP, whatever the kind reads)
+            assert seen.setdefault(cols, got) == got, (kind, every[i])
+        assert len(seen) < 400, kind  # groups of more than one candidate were compared
 
 
 def test_ranking_puts_cp_and_etp_last_for_short_sequences():
@@ -436,7 +420,7 @@ def test_a_calibration_ranks_the_layouts_it_measured_by_what_it_measured(tmp_pat
                                       "coefficients": fast})
     path.write_text(json.dumps(record))
     s = search.Search(compose_config(*base, f"hardware.calibration={path}"))
-    results = s.run(workers=1)
+    results = s.run()
     ranked = sorted((r for r in results if r.rank), key=lambda r: r.rank)
     first, second = ranked[:2]
     assert (first.layout.ep, second.layout.ep, second.layout.dp) == (2, 1, 2) and first.calibrated and second.calibrated

@@ -240,7 +240,8 @@ def test_a_flex_dispatcher_sends_a_token_once_per_rank_the_alltoall_dispatcher_o
     choices = list(itertools.combinations(range(a.experts), a.topk))
     per_rank = sum(len({e // local for e in c} - {0}) for c in choices) / len(choices)
     per_expert = sum(sum(e // local != 0 for e in c) for c in choices) / len(choices)
-    assert (model.nvlink_copies(lo, True), model.nvlink_copies(lo, False)) == pytest.approx((per_rank, per_expert))
+    assert (model.nvlink_copies(lo.ep, lo.etp, True), model.nvlink_copies(lo.ep, lo.etp, False)) == pytest.approx(
+        (per_rank, per_expert))
     assert per_rank < per_expert  # two experts on one other rank: one copy, not two
     worst = max(plan.assess(r).ranks, key=lambda x: x.total)
     flex, alltoall = (model.terms(r, worst.dense, worst.expert, r.cfg.recompute, f)["ep"] for f in (True, False))

@@ -95,6 +95,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from moe_hydra.core.arch import Arch
+from moe_hydra.core.columns import SCALARS
 from moe_hydra.core.params import RankParams
 from moe_hydra.core.pipeline import RankLayers
 from moe_hydra.core.resolved import Resolved
@@ -263,10 +264,19 @@ def gemm_input_bytes(precision: Any, e: int) -> float:
     return e
 
 
-def _dropped(cfg: Any) -> frozenset[str]:
-    rc, off = cfg.recompute, cfg.offload
-    return _dropped_by(rc.recompute_granularity == "selective", tuple(rc.recompute_modules or ["core_attn"]),
-                       tuple(off.offload_modules) if off.fine_grained_activation_offloading else ())
+def kept_bytes(terms: tuple[dict[str, float], dict[str, float]], drop: frozenset[str]) -> tuple[float, ...]:
+    """(dense layer, MoE layer, the same with ``drop``'s terms removed): activation bytes per layer and micro-batch
+    from :func:`layer_terms`' (dense, MoE) terms."""
+    dense, moe = terms
+    full_dense, full_moe = sum(dense.values()), sum(moe.values())
+    return (full_dense, full_moe, full_dense - sum(v for k, v in dense.items() if k in drop),
+            full_moe - sum(v for k, v in moe.items() if k in drop))
+
+
+def dropped(recompute: Any, offload: Any) -> frozenset[str]:
+    """The activation terms a ``recompute`` node and an ``offload`` node remove together."""
+    return _dropped_by(recompute.recompute_granularity == "selective", tuple(recompute.recompute_modules or ["core_attn"]),
+                       tuple(offload.offload_modules) if offload.fine_grained_activation_offloading else ())
 
 
 @functools.lru_cache(maxsize=None)
@@ -280,16 +290,34 @@ def _dropped_by(selective: bool, recomputed: tuple[str, ...], offloaded: tuple[s
     return frozenset(drop)
 
 
-def in_flight_chunks(pp: int, vpp: int | None, pp_rank: int, microbatches: int) -> tuple[int, int]:
+def in_flight_chunks(pp: Any, vpp: Any, pp_rank: Any, microbatches: Any, xp: Any = SCALARS) -> tuple[Any, Any]:
     """(model-chunk micro-batches held at the peak, chunks per rank) on pipeline rank ``pp_rank``:
     the schedule's warmup forwards plus the one whose backward follows (Megatron's
-    ``get_pp_rank_microbatches``). EP overlap adds a layer, not a micro-batch: :meth:`Estimator._activations`."""
-    if pp == 1:
-        return min(1, microbatches), 1
-    if not vpp or vpp == 1:
-        return min(pp - pp_rank, microbatches), 1
+    ``get_pp_rank_microbatches``). EP overlap adds a layer, not a micro-batch: :meth:`Estimator._activations`.
+    One rank's numbers, or columns of them (``xp``: :mod:`moe_hydra.core.columns`; ``vpp`` 1 for none)."""
+    vpp = 1 if vpp is None else vpp
+    interleaved = xp.and_(pp > 1, vpp > 1)
     warmup = 2 * (pp - pp_rank - 1) + (vpp - 1) * pp
-    return min(warmup + 1, microbatches * vpp), vpp
+    chunks = xp.where(pp == 1, xp.minimum(1, microbatches),
+                      xp.where(interleaved, xp.minimum(warmup + 1, microbatches * vpp),
+                               xp.minimum(pp - pp_rank, microbatches)))
+    return chunks, xp.where(interleaved, vpp, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Stages:
+    """What the activations read of a pipeline rank (:class:`~moe_hydra.core.pipeline.RankLayers`): its numbers, or
+    columns of many ranks' (the layout search's)."""
+
+    pp_rank: Any
+    layers: Any  # decoder layers held, over all its chunks
+    moe: Any  # of them MoE layers
+    mtp: Any  # MTP blocks
+    loss: Any  # whether it computes the loss
+
+    @classmethod
+    def of(cls, a: Arch, r: RankLayers) -> "Stages":
+        return cls(r.pp_rank, len(r.layers), (r.mask & a.moe_mask).bit_count(), r.mtp, r.loss)
 
 
 class Estimator:
@@ -300,11 +328,9 @@ class Estimator:
         recompute, offload, VPP or the split, so the layout search computes them once per mesh)."""
         cfg, lo, a = r.cfg, r.layout, r.arch
         self.cfg, self.lo, self.a, self.microbatches = cfg, lo, a, r.batch.micro_batches_per_step
-        drop = _dropped(cfg)
-        dense, moe = terms or (layer_terms(r, False), layer_terms(r, True) if a.experts else {})
-        self.full_dense, self.full_moe = sum(dense.values()), sum(moe.values())
-        self.dense_layer = self.full_dense - sum(v for k, v in dense.items() if k in drop)
-        self.moe_layer = self.full_moe - sum(v for k, v in moe.items() if k in drop)
+        self.pp, self.vpp = lo.pp, lo.vpp or 1
+        self.terms = terms or (layer_terms(r, False), layer_terms(r, True) if a.experts else {})
+        self.full_dense, self.full_moe, self.dense_layer, self.moe_layer = kept_bytes(self.terms, dropped(cfg.recompute, cfg.offload))
         e = 4 if cfg.precision.params_dtype == "fp32" else 2
         tokens = r.batch.seq_length * r.batch.micro_batch_size / lo.cp
         rows = tokens / lo.tp if lo.sp else tokens
@@ -322,50 +348,67 @@ class Estimator:
     def static(self, ranks: list[RankParams]) -> list[tuple[float, float, float, float, float]]:
         """(weights, gradients, optimizer, optimizer step, workspaces) bytes per stage; recompute and activations
         do not change them."""
-        cfg, lo = self.cfg, self.lo
-        o, off = cfg.optimizer, cfg.offload
-        w_bytes = weight_bytes(cfg.precision)
-        g_bytes = grad_bytes(cfg)
+        dense_shard, expert_shard = self.shards(self.lo.dp, self.lo.cp, self.lo.edp)
+        return [self.states(p.total, p.dense, p.expert, dense_shard, expert_shard) for p in ranks]
+
+    def shards(self, dp: Any, cp: Any, edp: Any, xp: Any = SCALARS) -> tuple[Any, Any]:
+        """The ranks the dense and the expert optimizer states are sharded over (DP x CP, EDP, per distributed
+        optimizer instance; 1 without the distributed optimizer)."""
+        o = self.cfg.optimizer
+        if not o.use_distributed_optimizer:
+            return 1, 1
         inst = o.num_distributed_optimizer_instances
-        dense_shard = max(1, lo.dp * lo.cp // inst) if o.use_distributed_optimizer else 1
-        expert_shard = max(1, lo.edp // inst) if o.use_distributed_optimizer else 1
+        return xp.maximum(1, dp * cp // inst), xp.maximum(1, edp // inst)
+
+    def states(self, total: Any, dense: Any, expert: Any, dense_shard: Any, expert_shard: Any,
+               workspaces: Any = None) -> tuple[Any, Any, Any, Any, Any]:
+        """(weights, gradients, optimizer, optimizer step, workspaces) bytes of a rank holding these parameters:
+        numbers, or columns of many ranks'. ``workspaces``: this estimator's unless given (a column)."""
+        cfg, off = self.cfg, self.cfg.offload
         on_device = 1 - off.optimizer_offload_fraction if off.optimizer_cpu_offload else 1
         state = _state_bytes(cfg) * on_device
         step = 4 * on_device if self.torch_adam else 0  # fp32 bytes per parameter of the shard
-        return [(p.total * w_bytes, p.total * g_bytes, state * shard, step * shard, self.workspaces) for p in ranks
-                for shard in (p.dense / dense_shard + p.expert / expert_shard,)]
+        shard = dense / dense_shard + expert / expert_shard
+        return (total * weight_bytes(cfg.precision), total * grad_bytes(cfg), state * shard, step * shard,
+                self.workspaces if workspaces is None else workspaces)
 
     def _activations(self, r: RankLayers, overlap: bool | None = None) -> tuple[float, float, float]:
         """(activation bytes, micro-batches in flight, the bytes EP overlap adds) of a pipeline rank; ``overlap``:
-        EP overlap on or off (None: as configured). With EP overlap Megatron-Core runs the next micro-batch's
-        forward beside the oldest one's backward, layer i of one with layer N-1-i of the other (its combined 1F1B
-        step, after one more warmup forward): what is held grows by one layer of one micro-batch."""
-        a, rc = self.a, self.cfg.recompute
+        EP overlap on or off (None: as configured)."""
         if overlap is None:
             overlap = self.cfg.overlap.overlap_moe_expert_parallel_comm
-        chunks, vpp = in_flight_chunks(self.lo.pp, self.lo.vpp, r.pp_rank, self.microbatches)
-        n_moe = (r.mask & a.moe_mask).bit_count()
-        n_dense = len(r.layers) - n_moe
-        mtp_layer = (self.moe_layer if a.mtp_is_moe else self.dense_layer) if r.mtp else 0.0
-        per_mb = n_dense * self.dense_layer + n_moe * self.moe_layer + r.mtp * (mtp_layer + 4 * self.hidden)
+        return self.activations(Stages.of(self.a, r), overlap)
+
+    def activations(self, r: Stages, overlap: bool, xp: Any = SCALARS) -> tuple[Any, Any, Any]:
+        """(activation bytes, micro-batches in flight, the bytes EP overlap adds) of pipeline ranks: one rank's
+        numbers, or columns (this estimator's per-layer bytes, ``pp``, ``vpp`` and ``microbatches`` then columns
+        too, one row per rank). With EP overlap Megatron-Core runs the next micro-batch's forward beside the oldest
+        one's backward, layer i of one with layer N-1-i of the other (its combined 1F1B step, after one more warmup
+        forward): what is held grows by one layer of one micro-batch."""
+        a, rc = self.a, self.cfg.recompute
+        chunks, vpp = in_flight_chunks(self.pp, self.vpp, r.pp_rank, self.microbatches, xp)
+        n_dense = r.layers - r.moe
+        mtp_layer = xp.where(r.mtp > 0, self.moe_layer if a.mtp_is_moe else self.dense_layer, 0.0)
+        mtp = r.mtp * (mtp_layer + 4 * self.hidden)
+        per_mb = n_dense * self.dense_layer + r.moe * self.moe_layer + mtp
         live = 0.0
-        if rc.recompute_granularity == "full" and r.layers:
+        if rc.recompute_granularity == "full":  # on ranks that hold layers
             group = rc.recompute_num_layers or 1
-            layers = len(r.layers)
-            avg_full = (n_dense * self.full_dense + n_moe * self.full_moe) / layers
-            avg_kept = (n_dense * self.dense_layer + n_moe * self.moe_layer) / layers
+            layers = xp.maximum(r.layers, 1)  # (a rank without layers keeps what is above)
+            avg_full = (n_dense * self.full_dense + r.moe * self.full_moe) / layers
+            avg_kept = (n_dense * self.dense_layer + r.moe * self.moe_layer) / layers
             if rc.recompute_method == "block":
-                recomputed = min(layers, group * vpp)
-                per_mb = recomputed * self.hidden + (layers - recomputed) * avg_kept
+                recomputed = xp.minimum(layers, group * vpp)
+                full = recomputed * self.hidden + (layers - recomputed) * avg_kept
             else:
-                per_mb = -(-layers // group) * self.hidden
-            per_mb += r.mtp * (mtp_layer + 4 * self.hidden)
-            live = min(group, layers) * avg_full  # one recomputed group during its backward
+                full = -(-layers // group) * self.hidden
+            per_mb = xp.where(r.layers > 0, full + mtp, per_mb)
+            live = xp.where(r.layers > 0, xp.minimum(group, layers) * avg_full, 0.0)  # one recomputed group's backward
         stage_mbs = chunks / vpp
         act = per_mb * stage_mbs + live
-        if r.loss:
-            act += self.loss * (1 + r.mtp) + self.logits_transient  # each micro-batch's backward at once
-        next_layer = (self.moe_layer if n_moe else self.dense_layer) if r.layers else 0.0
+        # each micro-batch's backward at once
+        act = act + xp.where(r.loss, self.loss * (1 + r.mtp) + self.logits_transient, 0.0)
+        next_layer = xp.where(r.layers > 0, xp.where(r.moe > 0, self.moe_layer, self.dense_layer), 0.0)
         return act + overlap * next_layer, stage_mbs, next_layer
 
     def stages(self, split: tuple[RankLayers, ...], ranks: list[RankParams],
@@ -395,11 +438,11 @@ class Estimator:
         return self._fixed_allowance + self.allowance["fragmentation"] * estimated
 
 
-def _estimated(states: tuple[float, float, float, float, float], activations: float) -> float:
+def _estimated(states: tuple[Any, Any, Any, Any, Any], activations: Any, xp: Any = SCALARS) -> Any:
     """A stage's bytes before the allowance: its states and workspaces, and the larger of its activations and
     the optimizer step's temporary (the step follows the backward pass)."""
     weights, grads, opt, step, ws = states
-    return weights + grads + opt + max(activations, step) + ws
+    return weights + grads + opt + xp.maximum(activations, step) + ws
 
 
 def peak_candidates(a: Arch, split: tuple[RankLayers, ...], ranks: list[RankParams]) -> list[int]:

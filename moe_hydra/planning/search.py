@@ -10,8 +10,11 @@ MTP, E, m and L each taking a layer's slot (``Et|(tt|)*30mL``, DeepSeek-V3 on PP
 (``Etttt|(tttt|)*14tmL`` on PP4 x VPP4, ``Et|(tt|)*30L`` for Kimi-K2 on PP16 x VPP2). Every candidate is
 a config (the base config with the candidate's fields), resolved by the same constructor as ``stage=plan``
 (:func:`moe_hydra.core.resolved.resolve`), then checked by the same rules and estimates as
-:func:`moe_hydra.planning.plan.assess`, each cached by exactly
-the resolved fields it reads (:func:`moe_hydra.planning.rules.base.cache_key`). The global batch stays fixed
+:func:`moe_hydra.planning.plan.assess`, evaluated as columns (:meth:`Search.evaluate_all`): the candidates are
+numpy columns, one row each; a kind of rule runs once per distinct value of the columns it reads, on one such
+candidate's resolved plan, the parameter counts once per distinct (TP, ETP, EP, PP, VPP, split); memory and step
+time are :mod:`~moe_hydra.planning.memory`'s and :mod:`~moe_hydra.planning.step_model`'s own formulas on the
+columns (:mod:`moe_hydra.core.columns`), every recompute rung and communication setting at once. The global batch stays fixed
 across candidates (the contract).
 
 **Fit.** The least recompute that fits (none -> the selective module lists -> full, the workflow's order; the
@@ -36,21 +39,15 @@ the sequence reaches 8K, ETP 1 before expert-tensor parallelism; ties break on l
 parallelism, EP x ETP inside the NVLink domain, fewer chunks, the larger micro batch. Use it to choose
 what to screen, then measure (screening, compare).
 
-Pure: standard library only.
+Pure: standard library, and numpy for the columns (imported when a search runs).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-import gc
 import itertools
 import math
-import multiprocessing
-import os
-import signal
-import sys
-import threading
-import warnings
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Iterator
@@ -282,8 +279,6 @@ _RANKS = attrgetter("layout.tp", "layout.etp", "layout.ep", "layout.pp", "layout
                                                     "num_layers_in_last_pipeline_stage",
                                                     "account_for_embedding_in_pipeline_split",
                                                     "account_for_loss_in_pipeline_split")))
-_TERMS = attrgetter("layout.tp", "layout.cp", "layout.sp", "layout.etp", "layout.ep", "batch.micro_batch_size")
-_SHARDS = attrgetter("layout.dp", "layout.cp", "layout.edp")
 
 
 class Search:
@@ -350,11 +345,7 @@ class Search:
         self.rule_cache: dict[tuple, list] = {}
         self.messages: dict[tuple, list[str]] = {}
         self.rank_params: dict[tuple, list] = {}
-        self.layer_terms: dict[tuple, tuple] = {}
-        self.estimators: dict[tuple, memory.Estimator] = {}
-        self.static: dict[tuple, list] = {}
-        self._peak_cache: tuple = (None, None)  # the last (candidate, level) and its peaks
-        self._memo: tuple = (None, {})  # the candidate being evaluated and its resolved plans
+        self._plans: dict[Candidate, dict] = {}  # the candidates' resolved plans (by level and setting) the rules read
         self.flex_gib = self.cfg.memory.flex_dispatcher_gib
         self.cap = cfg.hardware.memory_gib
         self.cap_bytes = None if self.cap is None else self.cap * memory.GIB
@@ -387,15 +378,16 @@ class Search:
         """The candidate's resolved plan: the same constructor as stage=plan's, with this search's model facts
         and implementation (kept for the candidate being evaluated, by level and setting)."""
         level, comm = self._varied(level, comm)
-        if self._memo[0] is not c:
-            self._memo = (c, {})
-        r = self._memo[1].get((level, comm))
+        memo = self._plans.get(c)
+        if memo is None:
+            memo = self._plans[c] = {}
+        r = memo.get((level, comm))
         if r is None:
             if level is None and comm is None:
                 r = resolve(self.config(c), self.impl, self.arch, varied=("parallel", "train"))
             else:  # the candidate's plan with another recompute or communication setting, which no fact reads
                 r = self.resolved(c).with_settings(**self._settings(level, comm))
-            self._memo[1][level, comm] = r
+            memo[level, comm] = r
         return r
 
     def _varied(self, level: str | None, comm: Comm | None) -> tuple[str | None, Comm | None]:
@@ -419,9 +411,8 @@ class Search:
         settings (once per candidate) and the setting's own (once per search); the plan at that setting is
         resolved only when the rules must run."""
         level, comm = self._varied(level, comm)
-        if self._memo[0] is not c:
-            self.resolved(c)
-        memo = self._memo[1]  # the candidate's plan and the values it was keyed by
+        self.resolved(c)
+        memo = self._plans[c]  # the candidate's plans and the values they were keyed by
         plan_part = memo.get(kind)
         if plan_part is None:
             plan_part = memo[kind] = self.keys[kind][0](memo[None, None])
@@ -432,37 +423,46 @@ class Search:
                                                        comm_only=comm_only)
         return found
 
-    # ------------------------------------------------------------------ evaluation
+    # ------------------------------------------------------------------ evaluation, as columns
 
     def evaluate(self, c: Candidate) -> Result:
-        """Rules, counts, the least recompute that fits, and the step-time terms of one candidate (with the
-        fastest communication setting that is legal and fits)."""
+        """One candidate, as :meth:`evaluate_all` evaluates it among many."""
+        return self.evaluate_all([c])[0]
+
+    def evaluate_all(self, candidates: list[Candidate]) -> list[Result]:
+        """Rules, counts, the least recompute that fits, and the step-time terms (with the fastest communication
+        setting that is legal and fits) of each candidate, as numpy columns, one row per candidate. What a rule or
+        a count reads of a candidate is a few of its columns: each runs once per distinct value of those
+        (:class:`_Columns`), on the candidate's resolved plan, and its answer is spread over the rows; memory and
+        step time are :mod:`moe_hydra.planning.memory`'s and :mod:`moe_hydra.planning.step_model`'s own formulas
+        evaluated on the columns (:mod:`moe_hydra.core.columns`)."""
+        import numpy as np
+
+        t = _Columns(self, candidates)
+        results: list[Result | None] = [None] * len(candidates)
+        alive = np.arange(len(candidates))
         if self.cap is not None:  # weights + gradients of an average rank: a lower bound on the most loaded one
-            floor = self.state_bytes * (self.dense_total / (c.tp * c.pp) + self.expert_total / (c.ep * c.etp * c.pp))
-            if floor > self.cap_bytes:  # not resolved: its layout is what the candidate sets
-                return Result(c, c.layout(self.world), [], None, floor / memory.GIB, False, pruned=True)
-        r = self.resolved(c)
-        lo = r.layout
-        found = [self._check(c, kind) for kind in ("mesh", "pipeline", "recompute")]
-        if self.fixed_violations or any(found):
-            key = tuple(map(id, found))  # the cached lists: one message list per combination
-            messages = self.messages.get(key)
-            if messages is None:
-                messages = self.messages[key] = [f"[{v.rule}] {v.message}"
-                                                  for v in (*self.fixed_violations, *(v for f in found for v in f))]
-            return Result(c, lo, messages)
-        ranks_key = _RANKS(r)
-        ranks, stages, worst = self._rank_params(r)
-        static_key = (ranks_key, _SHARDS(r))
-        static = self.static.get(static_key)
-        if static is None:  # the states depend on the parameters and their sharding only
-            static = self.static[static_key] = self._estimator(c, r, self.base_name).static(ranks)
-        level, peak, fits = self._least_recompute(c, r, static, stages)
-        comm = self.comms[0]
-        if fits is not False and len(self.comms) > 1:
-            comm, level, peak = self._fastest_comm(c, r, level, peak, worst, static, stages)
-        terms = self.model.terms(r, worst.dense, worst.expert, self.recompute[level], comm.flex, comm.ep_overlap)
-        return Result(c, lo, [], level, peak, fits, terms, comm=comm)
+            floor = self.state_bytes * (self.dense_total / (t.tp * t.pp) + self.expert_total / (t.ep * t.etp * t.pp))
+            for i in np.flatnonzero(floor > self.cap_bytes):  # not resolved: its layout is what the candidate sets
+                c = candidates[i]
+                results[i] = Result(c, c.layout(self.world), [], None, floor[i] / memory.GIB, False, pruned=True)
+            alive = np.flatnonzero(floor <= self.cap_bytes)
+        found = [t.verdicts(alive, kind) for kind in ("mesh", "pipeline", "recompute")]
+        legal = []
+        for i, lists in zip(alive.tolist(), zip(*found)):
+            if self.fixed_violations or any(lists):
+                key = tuple(map(id, lists))  # the cached lists: one message list per combination
+                messages = self.messages.get(key)
+                if messages is None:
+                    messages = self.messages[key] = [f"[{v.rule}] {v.message}"
+                                                      for v in (*self.fixed_violations, *(v for f in lists for v in f))]
+                results[i] = Result(candidates[i], candidates[i].layout(self.world), messages)
+            else:
+                legal.append(i)
+        if legal:
+            for i, res in zip(legal, t.assess(np.array(legal))):
+                results[i] = res
+        return results
 
     def _rank_params(self, r: Resolved) -> tuple:
         """(each rank's parameters, the memory's peak candidates, the most loaded rank) of ``r``'s layout and
@@ -475,97 +475,17 @@ class Search:
                                               max(ranks, key=lambda x: x.total))
         return cached
 
-    def _fastest_comm(self, c: Candidate, r: Resolved, level: str, peak: float, worst, static,
-                      stages) -> tuple[Comm, str, float]:
-        """(setting, recompute, peak GiB): the fastest communication setting that the rules accept and that
-        fits, at the primary's least recompute or above."""
-        model, primary = self.model, self.comms[0]
-        best = (primary, level, peak)
-        best_step = model.step(r, worst.dense, worst.expert, self.recompute[level], primary.flex, primary.ep_overlap)
-        for comm in self.comms[1:]:
-            if r.layout.ep == 1 and (comm.flex or comm.ep_overlap):
-                continue  # no all-to-all: the model gives a flex dispatcher the same time, a rule refuses overlap (L65)
-            for lvl in self.levels_from[level]:
-                step = model.step(r, worst.dense, worst.expert, self.recompute[lvl], comm.flex, comm.ep_overlap)
-                if step >= best_step:
-                    break  # more recompute only adds time
-                if self._level_refused(c, lvl) or not self._comm_legal(c, lvl, comm):
-                    continue
-                peak_c = self._peak_with(c, r, lvl, comm, static, stages)
-                if self.cap is None or peak_c <= self.cap:
-                    best, best_step = (comm, lvl, peak_c), step
-                    break
-        return best
-
-    def _least_recompute(self, c: Candidate, r: Resolved, static, stages) -> tuple:
-        """(level, peak GiB, fits) with the primary communication setting: the least recompute that fits."""
-        cap, overlap = self.cap, self.comms[0].ep_overlap
-        found = None  # the last level tried: a refused rung (e.g. full recompute with EP overlap, L68) is skipped
-        for name in self.recompute:
-            if self._level_refused(c, name):
-                continue
-            peak = self._peaks(c, r, name, static, stages)[overlap]
-            found = (name, peak, None if cap is None else peak <= cap)
-            if found[2] is not False:
-                break
-            if max(w + g + o + ws for w, g, o, _, ws in static) / memory.GIB > cap:  # the states alone: no recompute helps
-                break
-        return found
-
-    def _peaks(self, c: Candidate, r: Resolved, level: str, static, stages) -> tuple[float, float]:
-        """The peak (GiB) at a recompute level, without and with EP overlap (the primary dispatcher's
-        buffers; :meth:`_peak_with` adds another's)."""
-        key = (c, level)
-        if self._peak_cache[0] != key:
-            est = self._estimator(c, r, level)
-            self._peak_cache = (key, tuple(p / memory.GIB for p in est.peaks(r.split, static, stages)))
-        return self._peak_cache[1]
-
-    def _estimator(self, c: Candidate, r: Resolved, level: str) -> memory.Estimator:
-        """The estimator of a candidate at a recompute level. The layer terms are cached by what they read of
-        the layout (:data:`_TERMS`); an estimator by those, the micro-batches per step and the level, then set
-        to this candidate's layout (its PP and VPP: the micro-batches in flight)."""
-        terms_key = _TERMS(r)
-        est_key = (terms_key, r.batch.micro_batches_per_step, level)
-        est = self.estimators.get(est_key)
-        if est is None:
-            terms = self.layer_terms.get(terms_key)
-            if terms is None:  # the activation terms do not depend on VPP, the split or recompute
-                terms = self.layer_terms[terms_key] = (memory.layer_terms(r, False),
-                                                       memory.layer_terms(r, True) if self.arch.experts else {})
-            at_level = r if level == self.base_name else self.resolved(c, level)
-            est = self.estimators[est_key] = memory.Estimator(at_level, terms=terms)
-        est.lo = r.layout
-        return est
-
-    def _peak_with(self, c: Candidate, r: Resolved, level: str, comm: Comm, static, stages) -> float:
-        """The peak (GiB) with another communication setting: EP overlap holds one more layer of a micro-batch,
-        a flex dispatcher adds its buffers."""
-        peak = self._peaks(c, r, level, static, stages)[comm.ep_overlap]
-        return peak + self.flex_gib * (comm.flex - self.comms[0].flex)
-
-    def _level_refused(self, c: Candidate, level: str) -> bool:
-        """Whether the rules refuse a rung of the recompute ladder above the configured one."""
-        if level == self.base_name:
-            return False
-        return bool(self._check(c, "recompute", level))
-
-    def _comm_legal(self, c: Candidate, level: str, comm: Comm) -> bool:
-        """Whether the rules that read the dispatcher or EP overlap accept ``comm`` with this candidate."""
-        return not any(self._check(c, kind, level, comm, comm_only=True) for kind in self.comm_kinds)
+    def _estimator(self, c: Candidate) -> memory.Estimator:
+        """The memory estimator of a candidate's plan at the configured recompute level."""
+        r = self.resolved(c)
+        return memory.Estimator(r, terms=(memory.layer_terms(r, False),
+                                          memory.layer_terms(r, True) if self.arch.experts else {}))
 
     # ------------------------------------------------------------------ the whole search
 
-    def run(self, workers: int | None = None) -> list[Result]:
-        """Every candidate, evaluated; the legal ones that fit ranked 1..n. ``workers``: processes to
-        evaluate in (None: one per CPU this process may use, for large searches, on Linux)."""
-        candidates = list(enumerate_layouts(self.base, self.mbs))
-        if workers is None:
-            workers = search_workers(len(candidates))
-        if workers > 1:
-            results = self._run_forked(candidates, workers)
-        else:
-            results = [self.evaluate(c) for c in candidates]
+    def run(self) -> list[Result]:
+        """Every candidate, evaluated as columns (:meth:`evaluate_all`); the legal ones that fit ranked 1..n."""
+        results = self.evaluate_all(list(enumerate_layouts(self.base, self.mbs)))
         if self.calibration is not None:
             self._calibrated(results)
         rank(results, self.domain, self.cfg.train.seq_length)
@@ -585,43 +505,6 @@ class Search:
             res.calibrated = not isinstance(estimate, list)
             if res.calibrated:
                 res.terms = {**estimate[1], "step": estimate[0]}
-
-    def _run_forked(self, candidates: list[Candidate], workers: int) -> list[Result]:
-        """Evaluate in forked processes. The work is cut into tasks of whole (PP, TP, CP) groups (so a
-        process's caches stay warm), largest first, handed out as processes free up; the results come
-        back as plain tuples. A pool whose workers stop returning results (one killed, say, which a
-        ``multiprocessing.Pool`` would wait for forever) is given up after :data:`STALL_S` without a result, and
-        the search runs in this process instead."""
-        groups: dict[tuple, list[int]] = {}
-        for i, c in enumerate(candidates):
-            groups.setdefault((c.pp, c.tp, c.cp), []).append(i)
-        tasks: list[list[int]] = []
-        size = -(-len(candidates) // (16 * workers))  # ~16 tasks per process
-        for g in sorted(groups.values(), key=len, reverse=True):
-            if tasks and len(tasks[-1]) + len(g) <= size:
-                tasks[-1].extend(g)
-            else:
-                tasks.append(list(g))
-        global _FORKED
-        _FORKED = (self, candidates, tasks)
-        gc.freeze()  # a fork never collects what it inherits: a finalizer of the parent's run in a worker can hang it
-        try:
-            # leaving the pool terminates the workers
-            with multiprocessing.get_context("fork").Pool(workers, initializer=_die_on_sigterm) as pool:
-                shares = pool.imap_unordered(_evaluate_share, range(len(tasks)))
-                packed = [shares.next(timeout=STALL_S) for _ in tasks]
-        except multiprocessing.TimeoutError:
-            warnings.warn(f"the forked layout search made no progress for {STALL_S} s (a worker died or hung): "
-                          "evaluating in this process instead", RuntimeWarning, stacklevel=2)
-            return [self.evaluate(c) for c in candidates]
-        finally:
-            _FORKED = None
-            gc.unfreeze()
-        results: list[Result | None] = [None] * len(candidates)
-        for k, rows, violations in packed:
-            for i, row in zip(tasks[k], rows):
-                results[i] = _unpack(candidates[i], row, violations, self.comms)
-        return results
 
     def overrides(self, r: Result) -> list[str]:
         """The overrides that run a candidate as the search evaluated it: layout, micro batch, recompute,
@@ -667,53 +550,208 @@ class Search:
         }
 
 
-PARALLEL_FROM = 4000  # candidates from which a search forks (below, starting processes costs more than it saves)
-STALL_S = 120  # seconds without a finished task before a forked search is given up (a task: ~1/16 of a worker's share)
-_FORKED: tuple | None = None  # (search, candidates, tasks) for the forked workers
+class _Columns:
+    """A search's candidates as numpy columns (one row each) and what :meth:`Search.evaluate_all` derives from them."""
 
+    # the columns each kind of rule's answer is a function of: what the values at the paths the kind reads
+    # (rules.base.READS) follow from, the rest being the base's (tests/test_search.py checks it on samples)
+    RULE_COLUMNS = {"mesh": ("tp", "cp", "pp", "ep", "etp", "mbs"), "pipeline": ("pp", "vpp", "split", "tpcp", "mbs"),
+                    "recompute": ("pp", "ep", "vpp", "split")}
+    RANK_COLUMNS = ("tp", "etp", "ep", "pp", "vpp", "split")  # the parameters per rank and the stages' layers
+    TERM_COLUMNS = ("tp", "cp", "etp", "ep", "mbs")  # memory.layer_terms' (SP follows TP in a search)
 
-def search_workers(candidates: int) -> int:
-    """Processes for a search of this many candidates: the CPUs this process may use (its affinity, as
-    Slurm and cgroups set it), up to 8, on Linux (fork) and for large searches only; else 1. Never from a process
-    that runs other threads (a torch or launcher thread holding a lock at the fork deadlocks the worker): 1 then.
-    ``MOE_HYDRA_SEARCH_WORKERS`` overrides it."""
-    if os.environ.get("MOE_HYDRA_SEARCH_WORKERS"):
-        return max(1, int(os.environ["MOE_HYDRA_SEARCH_WORKERS"]))
-    if candidates < PARALLEL_FROM or not sys.platform.startswith("linux") or threading.active_count() > 1:
-        return 1
-    return max(1, min(8, len(os.sched_getaffinity(0))))
+    def __init__(self, s: Search, candidates: list[Candidate]):
+        import numpy as np
 
+        self.s, self.candidates, self.np = s, candidates, np
+        n = len(candidates)
 
-def _die_on_sigterm() -> None:
-    """A forked worker dies on the SIGTERM that ``Pool.terminate`` sends. Terminate takes the task queue's lock and
-    relies on the signal to end workers blocked on it; a Python handler inherited from the parent (one a test or a
-    library installed) would run and return, leaving the worker blocked and the pool's join waiting forever."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        def column(get: Any) -> Any:
+            return np.fromiter(map(get, candidates), dtype=np.int64, count=n)
 
+        self.tp, self.cp, self.pp, self.ep, self.etp, self.mbs = (column(attrgetter(f)) for f in (
+            "tp", "cp", "pp", "ep", "etp", "mbs"))
+        self.vpp = column(lambda c: c.vpp or 1)
+        splits: dict[str, int] = {}
+        self.split = column(lambda c: splits.setdefault(c.split, len(splits)))
+        self.tpcp = self.tp * self.cp
+        w = s.world
+        self.dp, self.edp = w // (self.tpcp * self.pp), w // (self.ep * self.etp * self.pp)
+        self.m = s.cfg.train.global_batch_size // (self.mbs * self.dp)
+        self._groups: dict[tuple, tuple] = {}
+        self._verdicts: dict[tuple, list] = {}
+        self._reps: dict[tuple, int] = {}  # (kind, its columns' values): the row whose plan the rules read
 
-def _evaluate_share(k: int) -> tuple[int, list[tuple], list[list[str]]]:
-    """A forked worker: evaluate task ``k``; results as tuples, violation lists numbered (each list once)."""
-    s, candidates, tasks = _FORKED
-    rows, violations, ids = [], [], {}
-    for i in tasks[k]:
-        r = s.evaluate(candidates[i])
-        v = ids.get(id(r.violations)) if r.violations else None
-        if r.violations and v is None:
-            v = ids[id(r.violations)] = len(violations)
-            violations.append(r.violations)
-        terms = tuple(r.terms[t] for t in (*TERMS, "step")) if r.terms else None
-        lo = r.layout
-        rows.append((v, (lo.world_size, lo.tp, lo.cp, lo.pp, lo.vpp, lo.ep, lo.etp, lo.sp), r.recompute, r.memory_gib,
-                     r.fits, r.pruned,
-                     None if r.comm is None else s.comms.index(r.comm), terms))
-    return k, rows, violations
+    def groups(self, names: tuple[str, ...], rows: Any) -> tuple[Any, Any]:
+        """(the first of ``rows`` with each distinct value of the columns ``names``, each row's group)."""
+        from moe_hydra.core.columns import numpy_ops
 
+        first, inverse = numpy_ops().groups(*(getattr(self, n)[rows] for n in names))
+        return rows[first], inverse
 
-def _unpack(c: Candidate, row: tuple, violations: list[list[str]], comms: list[Comm]) -> Result:
-    v, layout, recompute, memory_gib, fits, pruned, comm, terms = row
-    return Result(c, Layout(*layout), [] if v is None else violations[v], recompute, memory_gib, fits,
-                  None if terms is None else dict(zip((*TERMS, "step"), terms)), pruned=pruned,
-                  comm=None if comm is None else comms[comm])
+    def verdicts(self, rows: Any, kind: str, level: str | None = None, comm: Comm | None = None,
+                 comm_only: bool = False) -> list[list]:
+        """Each row's violations of one kind of rule (at a recompute level and communication setting): the rules run
+        once per distinct value of the columns they read (:meth:`Search._check`, cached by the values themselves)."""
+        s = self.s
+        level, comm = s._varied(level, comm)
+        first, group = self.groups(self.RULE_COLUMNS[kind], rows)
+        settings = s.settings_parts[kind, level, comm]
+        names = self.RULE_COLUMNS[kind]
+        out = []
+        for i in first.tolist():
+            cols = (kind, *(int(getattr(self, n)[i]) for n in names))
+            key = (comm_only, settings, cols)
+            found = self._verdicts.get(key)
+            if found is None:  # one candidate per value of the columns: its plan resolved once
+                rep = self.candidates[self._reps.setdefault(cols, i)]
+                found = self._verdicts[key] = s._check(rep, kind, level, comm, comm_only)
+            out.append(found)
+        return [out[g] for g in group.tolist()]
+
+    def refused(self, rows: Any, level: str) -> Any:
+        """Whether the rules refuse a rung of the recompute ladder above the configured one, per row."""
+        np = self.np
+        if level == self.s.base_name:
+            return np.zeros(len(rows), dtype=bool)
+        return np.array([bool(v) for v in self.verdicts(rows, "recompute", level)], dtype=bool)
+
+    def comm_legal(self, rows: Any, level: str, comm: Comm) -> Any:
+        """Whether the rules that read the dispatcher or EP overlap accept ``comm`` at ``level``, per row."""
+        np = self.np
+        ok = np.ones(len(rows), dtype=bool)
+        for kind in self.s.comm_kinds:
+            ok &= np.array([not v for v in self.verdicts(rows, kind, level, comm, comm_only=True)], dtype=bool)
+        return ok
+
+    def assess(self, rows: Any) -> list[Result]:
+        """The legal candidates ``rows``: parameters, memory at each rung of the recompute ladder (the least that
+        fits), the fastest communication setting that fits, the step-time terms."""
+        from moe_hydra.core.columns import numpy_ops
+
+        np, s, xp = self.np, self.s, numpy_ops()
+        n = len(rows)
+        # the stages: one row per pipeline rank of each candidate (its parameters, layers; the ranks that can hold
+        # the peak), from the candidate's resolved plan, once per distinct (TP, ETP, EP, PP, VPP, split)
+        first, group = self.groups(self.RANK_COLUMNS, rows)
+        per_group = []
+        for i in first.tolist():
+            r = s.resolved(self.candidates[i])
+            ranks, peak_stages, worst = s._rank_params(r)
+            peak = set(peak_stages)
+            st = [(x.pp_rank, len(x.layers), (x.mask & s.arch.moe_mask).bit_count(), x.mtp, x.loss, p.total, p.dense,
+                   p.expert, j in peak) for j, (x, p) in enumerate(zip(r.split, ranks))]
+            per_group.append((np.array(st, dtype=np.int64).reshape(-1, 9), worst.dense, worst.expert))
+        counts = np.array([len(g[0]) for g in per_group])[group]
+        owner = np.repeat(np.arange(n), counts)  # each stage row's candidate (index into rows)
+        table = np.concatenate([per_group[g][0] for g in group.tolist()]) if n else np.zeros((0, 9), np.int64)
+        stages = memory.Stages(table[:, 0], table[:, 1], table[:, 2], table[:, 3], table[:, 4].astype(bool))
+        total, dense, expert, is_peak = table[:, 5], table[:, 6], table[:, 7], table[:, 8].astype(bool)
+        worst_dense = np.array([per_group[g][1] for g in group.tolist()], dtype=np.int64)
+        worst_expert = np.array([per_group[g][2] for g in group.tolist()], dtype=np.int64)
+        at = rows[owner]  # the stage rows' candidates, as rows of the columns
+
+        # the per-layer activation bytes and workspaces, once per distinct (TP, CP, ETP, EP, micro batch)
+        first_t, group_t = self.groups(self.TERM_COLUMNS, rows)
+        ests = [s._estimator(self.candidates[i]) for i in first_t.tolist()]
+        base = ests[0] if ests else None
+
+        def per_mesh(values: list) -> Any:
+            return np.array(values, dtype=float)[group_t][owner]
+
+        # states per stage row (the base level's estimator: recompute changes none of them)
+        shards = base.shards(self.dp[at], self.cp[at], self.edp[at], xp) if n else (1, 1)
+        static = base.states(total, dense, expert, *shards, per_mesh([e.workspaces for e in ests])) if n else ()
+        states_alone = np.zeros(n)
+        if n:
+            np.maximum.at(states_alone, owner, static[0] + static[1] + static[2] + static[4])
+        peak_rows = np.flatnonzero(is_peak)
+        starts = np.flatnonzero(np.r_[True, owner[peak_rows][1:] != owner[peak_rows][:-1]]) if n else peak_rows
+        peaks = {}
+        for level, node in s.recompute.items():
+            est = copy.copy(base)
+            est.cfg = dataclasses.replace(s.cfg, recompute=node)
+            drop = memory.dropped(node, s.cfg.offload)
+            kept = [memory.kept_bytes(e.terms, drop) for e in ests]
+            est.full_dense, est.full_moe, est.dense_layer, est.moe_layer = (
+                per_mesh([k[j] for k in kept])[peak_rows] for j in range(4))
+            est.hidden, est.loss, est.logits_transient = (per_mesh([getattr(e, a) for e in ests])[peak_rows]
+                                                          for a in ("hidden", "loss", "logits_transient"))
+            est.pp, est.vpp, est.microbatches = self.pp[at][peak_rows], self.vpp[at][peak_rows], self.m[at][peak_rows]
+            sub = memory.Stages(*(getattr(stages, f)[peak_rows] for f in ("pp_rank", "layers", "moe", "mtp", "loss")))
+            act, _, next_layer = est.activations(sub, False, xp)
+            st = tuple(x[peak_rows] if isinstance(x, np.ndarray) else x for x in static)
+            both = []
+            for held in (act, act + next_layer):
+                e = memory._estimated(st, held, xp)
+                both.append(np.maximum.reduceat(e + est.allowance_total(e), starts) / memory.GIB)
+            peaks[level] = both
+        return self._choose(rows, peaks, states_alone, worst_dense, worst_expert)
+
+    def _choose(self, rows: Any, peaks: dict, states_alone: Any, worst_dense: Any, worst_expert: Any) -> list[Result]:
+        """The least recompute that fits with the primary setting; then the fastest setting that fits at that rung or
+        above; the terms."""
+        np, s = self.np, self.s
+        n, cap, levels, primary = len(rows), s.cap, list(s.recompute), s.comms[0]
+        level = np.zeros(n, dtype=np.int64)
+        peak = np.zeros(n)
+        fits = np.ones(n, dtype=bool)
+        todo = np.ones(n, dtype=bool)
+        for li, name in enumerate(levels):  # a refused rung (e.g. full recompute with EP overlap, L68) is skipped
+            here = todo & ~self.refused(rows, name)
+            level[here], peak[here] = li, peaks[name][primary.ep_overlap][here]
+            if cap is None:
+                todo[here] = False
+                continue
+            fits[here] = peak[here] <= cap
+            todo[here & fits] = False
+            todo[here & (states_alone / memory.GIB > cap)] = False  # the states alone: no recompute helps
+        mesh = step_model.Mesh(*(getattr(self, f)[rows] for f in ("tp", "cp", "pp", "vpp", "ep", "etp")),
+                               self.tp[rows] > 1, self.mbs[rows], self.m[rows])
+        steps: dict[tuple, Any] = {}
+
+        def step(comm: int, li: int) -> Any:
+            if (comm, li) not in steps:
+                c = s.comms[comm]
+                steps[comm, li] = s.model.columns(mesh, worst_dense, worst_expert, s.recompute[levels[li]], c.flex,
+                                                  c.ep_overlap)
+            return steps[comm, li]
+
+        comm = np.zeros(n, dtype=np.int64)
+        if len(s.comms) > 1 and n:
+            best_step = np.choose(level, [step(0, li)[-1] for li in range(len(levels))])
+            open_ = fits if cap is not None else np.ones(n, dtype=bool)
+            for k, c in enumerate(s.comms[1:], 1):
+                # no all-to-all: the model gives a flex dispatcher the same time, a rule refuses overlap (L65)
+                active = open_ & ~((self.ep[rows] == 1) & (c.flex or c.ep_overlap))
+                for li, name in enumerate(levels):
+                    here = active & (level <= li)
+                    if not here.any():
+                        continue
+                    st = step(k, li)[-1]
+                    slower = here & (st >= best_step)  # more recompute only adds time
+                    active &= ~slower
+                    go = np.flatnonzero(here & ~slower)
+                    if not len(go):
+                        continue
+                    ok = ~self.refused(rows[go], name) & self.comm_legal(rows[go], name, c)
+                    go = go[ok]
+                    peak_c = peaks[name][c.ep_overlap][go] + s.flex_gib * (c.flex - primary.flex)
+                    if cap is not None:
+                        go, peak_c = go[peak_c <= cap], peak_c[peak_c <= cap]
+                    comm[go], level[go], peak[go], best_step[go] = k, li, peak_c, st[go]
+                    active[go] = False
+        out = []
+        terms = {}
+        for k in np.unique(comm).tolist() if n else ():
+            for li in np.unique(level[comm == k]).tolist():
+                terms[k, li] = np.stack(step(k, li), axis=1)
+        for j, i in enumerate(rows.tolist()):
+            k, li = int(comm[j]), int(level[j])
+            out.append(Result(self.candidates[i], self.candidates[i].layout(s.world), [], levels[li], float(peak[j]),
+                              None if cap is None else bool(fits[j]),
+                              dict(zip((*TERMS, "step"), terms[k, li][j].tolist())), comm=s.comms[k]))
+        return out
 
 
 def tied_set(ranked: list[Result], width: float | None = None) -> list[Result]:

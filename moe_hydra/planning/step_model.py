@@ -80,11 +80,12 @@ Pure: standard library only.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from moe_hydra.core import flops, metrics, step_model_fit
+from moe_hydra.core.columns import SCALARS, numpy_ops
 from moe_hydra.core.arch import Arch
-from moe_hydra.core.layout import Layout
 from moe_hydra.core.resolved import Resolved
 from moe_hydra.planning.memory import grad_bytes, weight_bytes
 
@@ -209,7 +210,6 @@ class StepModel:
         self._recompute: dict[tuple, tuple[float, ...]] = {}
         self._remote: dict[tuple[int, int, bool], float] = {}
         self._nvlink_copies: dict[tuple[int, int, bool], float] = {}
-        self._mesh: dict[tuple, tuple] = {}
 
     def recompute_factors(self, recompute: Any) -> tuple[float, ...]:
         """(dense GEMMs, core attention, experts, EP/ETP all-to-all, TP, MoE-layer host, dense-layer host): what
@@ -247,14 +247,14 @@ class StepModel:
         return (1 + extra / self.dense_flops, 4 / 3 if "core_attn" in modules else 1.0, 4 / 3 if moe else 1.0,
                 1.5 if moe else 1.0, 1.0, 4 / 3 if moe else 1.0, 1.0)
 
-    def remote_copies(self, lo: Layout, flex: bool) -> float:
-        """Copies of each token that cross the scale-out network in the all-to-all. The alltoall and
-        allgather dispatchers send one per routed expert on another node; the flex dispatchers
+    def remote_copies(self, ep: int, etp: int, flex: bool) -> float:
+        """Copies of each token that cross the scale-out network in the all-to-all of an EP x ETP group. The
+        alltoall and allgather dispatchers send one per routed expert on another node; the flex dispatchers
         (DeepEP, HybridEP) one per other node routed to, forwarding inside the node over NVLink. Routing
         is taken as uniform, or limited to ``moe_router_group_topk`` groups when the groups fall on nodes."""
-        key = (lo.ep, lo.etp, flex)
+        key = (ep, etp, flex)
         if key not in self._remote:
-            a, group = self.arch, lo.ep * lo.etp
+            a, group = self.arch, ep * etp
             nodes = math.ceil(group / self.domain)
             if nodes <= 1:
                 copies = 0.0
@@ -264,25 +264,25 @@ class StepModel:
                     reached = min(reached, self.group_topk)  # node-limited routing
                 copies = reached * (nodes - 1) / nodes
             else:
-                copies = a.topk * (lo.ep - 1) / lo.ep * (1 - self.domain / group)
+                copies = a.topk * (ep - 1) / ep * (1 - self.domain / group)
             self._remote[key] = copies
         return self._remote[key]
 
-    def nvlink_copies(self, lo: Layout, flex: bool) -> float:
-        """Copies of each token that the all-to-all moves over NVLink. The alltoall and allgather dispatchers send
-        one per routed expert on another rank of the node (Megatron-Core permutes a token into top-k rows, one per
-        expert, before the exchange); the flex dispatchers one per other rank routed to, in the node or, forwarded
-        there, in the nodes reached (DeepEP's and HybridEP's dispatch sends a token once to each rank that holds
-        any of its experts, the rank's experts sharing it). Routing uniform over the experts."""
-        key = (lo.ep, lo.etp, flex)
+    def nvlink_copies(self, ep: int, etp: int, flex: bool) -> float:
+        """Copies of each token that the all-to-all of an EP x ETP group moves over NVLink. The alltoall and
+        allgather dispatchers send one per routed expert on another rank of the node (Megatron-Core permutes a token
+        into top-k rows, one per expert, before the exchange); the flex dispatchers one per other rank routed to, in
+        the node or, forwarded there, in the nodes reached (DeepEP's and HybridEP's dispatch sends a token once to
+        each rank that holds any of its experts, the rank's experts sharing it). Routing uniform over the experts."""
+        key = (ep, etp, flex)
         if key not in self._nvlink_copies:
-            a, group = self.arch, lo.ep
+            a = self.arch
             if flex:
-                local = a.experts // group  # a rank holds none of a token's top-k distinct experts with this chance
+                local = a.experts // ep  # a rank holds none of a token's top-k distinct experts with this chance
                 none = math.comb(a.experts - local, a.topk) / math.comb(a.experts, a.topk)
-                copies = (group - 1) * (1 - none)
+                copies = (ep - 1) * (1 - none)
             else:
-                copies = a.topk * (group - 1) / group * min(1.0, self.domain / (group * lo.etp))
+                copies = a.topk * (ep - 1) / ep * min(1.0, self.domain / (ep * etp))
             self._nvlink_copies[key] = copies
         return self._nvlink_copies[key]
 
@@ -290,92 +290,106 @@ class StepModel:
               flex: bool = False, ep_overlap: bool = False) -> dict[str, float]:
         """The step-time terms (seconds) of a resolved layout (of this model and batch), from the most loaded
         rank's parameters, and their sum."""
-        return dict(zip((*TERMS, "step"), self._terms(r, dense_params, expert_params, recompute, flex, ep_overlap)))
+        return dict(zip((*TERMS, "step"), self._terms(Mesh.of(r), dense_params, expert_params,
+                                                     self.recompute_factors(recompute), flex, ep_overlap, SCALARS)))
 
     def step(self, r: Resolved, dense_params: int, expert_params: int, recompute: Any,
              flex: bool = False, ep_overlap: bool = False) -> float:
         """The step time alone (what comparing communication settings needs)."""
-        return self._terms(r, dense_params, expert_params, recompute, flex, ep_overlap)[-1]
+        return self._terms(Mesh.of(r), dense_params, expert_params, self.recompute_factors(recompute), flex,
+                           ep_overlap, SCALARS)[-1]
 
-    def _terms(self, r: Resolved, dense_params: int, expert_params: int, recompute: Any,
-               flex: bool, ep_overlap: bool) -> tuple[float, ...]:
-        lo, b = r.layout, r.batch
-        factors = self.recompute_factors(recompute)
-        key = (lo.tp, lo.cp, lo.pp, lo.ep, lo.etp, lo.sp, b.micro_batch_size, b.micro_batches_per_step, factors,
-               dense_params, expert_params)
-        mesh = self._mesh.get(key)
-        if mesh is None:  # all but the chunks' terms: the same for every VPP of a mesh
-            mesh = self._mesh[key] = self._mesh_terms(lo, dense_params, expert_params, b.micro_batch_size,
-                                                      b.micro_batches_per_step, factors)
-        m, compute, ep_nvlink, ep_remote, etp, tp, cp, host, dp, p2p_per_chunk = mesh
-        ep = ep_nvlink[flex] + ep_remote[flex]
-        if ep_overlap:  # hidden under another micro-batch's compute
-            ep -= self.k.ep_overlap_efficiency * min(ep, compute)
-        gpu = compute + ep + etp + tp + cp
-        busy = max(gpu, host)
-        vpp = lo.vpp or 1
-        if self.overlap_grad_reduce:  # bucketed reduce-scatter under the backward pass (2/3 of compute)
-            dp = max(dp / (m * vpp), dp - 2 / 3 * compute)
-        bubble = (lo.pp - 1) / (vpp * m) * busy
-        p2p = vpp * p2p_per_chunk
-        if vpp > 1 and self.overlap_p2p:  # hidden under the next chunk's compute but in the fill and the drain
-            p2p *= (lo.pp - 1) / (vpp * m)
-        if lo.pp > 1:  # each model chunk's send / receive pair, posted and waited for, forward + backward
-            p2p += vpp * m * self.chunk_s
-        return compute, ep, etp, tp, cp, busy - gpu, dp, bubble, p2p, busy + dp + bubble + p2p
+    def columns(self, mesh: "Mesh", dense_params: Any, expert_params: Any, recompute: Any, flex: bool = False,
+                ep_overlap: bool = False) -> tuple[Any, ...]:
+        """The terms of :data:`TERMS` and the step, each a numpy column: one row per layout of ``mesh``'s columns
+        (the layout search's candidates), the same numbers :meth:`terms` gives each."""
+        return self._terms(mesh, dense_params, expert_params, self.recompute_factors(recompute), flex, ep_overlap,
+                           numpy_ops())
 
-    def _mesh_terms(self, lo: Layout, dense_params: int, expert_params: int, mbs: int, m: int,
-                    factors: tuple[float, ...]) -> tuple:
+    def _terms(self, lo: "Mesh", dense_params: Any, expert_params: Any, factors: tuple[float, ...], flex: bool,
+               ep_overlap: bool, xp: Any) -> tuple[Any, ...]:
+        """The terms and the step of one layout (``xp`` :data:`SCALARS`) or of columns of them (numpy's)."""
         a, k, world, domain, nvl, out = self.arch, self.k, self.world, self.domain, self.nvlink, self.scaleout
         dense_f, attention_f, expert_f, a2a_f, tp_f, host_moe_f, host_dense_f = factors
-        seq_rows = self.seq * mbs / lo.cp
-        rows = seq_rows / lo.tp if lo.sp else seq_rows
+        m, vpp = lo.m, lo.vpp
+        seq_rows = self.seq * lo.mbs / lo.cp
+        rows = xp.where(lo.sp, seq_rows / lo.tp, seq_rows)
         tokens = self.gbs * self.seq / world
         layers, moe_layers = self.layers / lo.pp, self.moe_layers / lo.pp
         ew_dense, ew_moe = self.elementwise_s
-        compute = max(tokens * (self.dense_flops * dense_f * self.gemm_s + self.logits_s
-                                + self.attention_s * attention_f + ew_dense * dense_f + ew_moe * expert_f),
-                      12 * dense_params * m / self.hbm)
-        if lo.tp > 1 and not lo.sp:  # without sequence parallelism every TP rank runs the norms and adds in full
-            compute += tokens * self.replicated_s * (lo.tp - 1) * dense_f
+        compute = xp.maximum(tokens * (self.dense_flops * dense_f * self.gemm_s + self.logits_s
+                                       + self.attention_s * attention_f + ew_dense * dense_f + ew_moe * expert_f),
+                             12 * dense_params * m / self.hbm)
+        # without sequence parallelism every TP rank runs the norms and adds in full
+        compute = compute + xp.where(xp.and_(lo.tp > 1, xp.not_(lo.sp)),
+                                     tokens * self.replicated_s * (lo.tp - 1) * dense_f, 0.0)
         if self.expert_flops:
             per_expert = lo.ep * lo.etp * rows * a.topk / a.experts
             rate = per_expert / (per_expert + k.expert_rows_half) / self.gemm_s
-            compute += max(tokens * self.expert_flops * expert_f / rate, 12 * expert_params * m / self.hbm)
-            compute += k.gpu_ms_per_moe_layer * 1e-3 * moe_layers * m * expert_f  # the MoE layer's small kernels
-        ep_nvlink, ep_remote = (0.0, 0.0), (0.0, 0.0)
-        if lo.ep > 1:
-            per_copy = 4 * moe_layers * m * rows * a.h * 2 * a2a_f  # one token copy: dispatch + combine, fwd + bwd
-            ep_nvlink = tuple(per_copy * self.nvlink_copies(lo, flex) / nvl for flex in (False, True))
-            ep_remote = tuple(per_copy * self.remote_copies(lo, flex) / out for flex in (False, True))
-        etp = 0.0
-        if lo.etp > 1:  # tokens all-gathered to and reduce-scattered from the expert-TP group, fwd + bwd
-            etp = (4 * moe_layers * m * rows * a.topk * a.h * 2 * (lo.etp - 1) * a2a_f
-                   / (nvl if lo.ep * lo.etp <= domain else out))
-        tp_bw = nvl if lo.tp * lo.cp <= domain else out
-        tp = 8 * layers * m * seq_rows * a.h * 2 * self._collective(lo.tp, 1) * tp_f
+            compute = compute + xp.maximum(tokens * self.expert_flops * expert_f / rate,
+                                           12 * expert_params * m / self.hbm)
+            compute = compute + k.gpu_ms_per_moe_layer * 1e-3 * moe_layers * m * expert_f  # the MoE layer's small kernels
+        per_copy = 4 * moe_layers * m * rows * a.h * 2 * a2a_f  # one token copy: dispatch + combine, fwd + bwd
+        ep = xp.where(lo.ep > 1, per_copy * xp.each(self.nvlink_copies, lo.ep, lo.etp, flex) / nvl
+                      + per_copy * xp.each(self.remote_copies, lo.ep, lo.etp, flex) / out, 0.0)
+        if ep_overlap:  # hidden under another micro-batch's compute
+            ep = ep - k.ep_overlap_efficiency * xp.minimum(ep, compute)
+        # tokens all-gathered to and reduce-scattered from the expert-TP group, fwd + bwd
+        etp = xp.where(lo.etp > 1, 4 * moe_layers * m * rows * a.topk * a.h * 2 * (lo.etp - 1) * a2a_f
+                       / xp.where(lo.ep * lo.etp <= domain, nvl, out), 0.0)
+        tp_bw = xp.where(lo.tp * lo.cp <= domain, nvl, out)
+        tp = 8 * layers * m * seq_rows * a.h * 2 * self._collective(lo.tp, 1, xp) * tp_f
         cp = 3 * layers * m * (lo.cp - 1) * seq_rows * 2 * a.kv_width * 2 / lo.tp / tp_bw
         host_moe = self.host_moe
         if self.sequential_experts and a.experts:  # one expert's kernels after another, each launched
-            host_moe += k.host_ms_per_local_expert * 1e-3 * a.experts / lo.ep
+            host_moe = host_moe + k.host_ms_per_local_expert * 1e-3 * a.experts / lo.ep
         host = (host_moe * host_moe_f * moe_layers + self.host_dense * host_dense_f * (layers - moe_layers)) * m
         dense_dp, edp = world // (lo.tp * lo.pp), world // (lo.ep * lo.etp * lo.pp)  # DP x CP, EDP
-        dp = self.dp_bytes * (dense_params * self._collective(dense_dp, lo.tp)
-                              + expert_params * self._collective(edp, lo.ep * lo.etp))
-        p2p_bw = out if world // lo.pp >= domain and world > domain else nvl
-        p2p = 2 * m * rows * a.h * 2 / p2p_bw if lo.pp > 1 else 0.0
-        return m, compute, ep_nvlink, ep_remote, etp, tp, cp, host, dp, p2p
+        dp = self.dp_bytes * (dense_params * self._collective(dense_dp, lo.tp, xp)
+                              + expert_params * self._collective(edp, lo.ep * lo.etp, xp))
+        gpu = compute + ep + etp + tp + cp
+        busy = xp.maximum(gpu, host)
+        if self.overlap_grad_reduce:  # bucketed reduce-scatter under the backward pass (2/3 of compute)
+            dp = xp.maximum(dp / (m * vpp), dp - 2 / 3 * compute)
+        fill = (lo.pp - 1) / (vpp * m)  # the pipeline's fill and drain: the bubble's share of the step
+        bubble = fill * busy
+        p2p_bw = xp.where(xp.and_(world // lo.pp >= domain, world > domain), out, nvl)
+        p2p = xp.where(lo.pp > 1, vpp * (2 * m * rows * a.h * 2 / p2p_bw), 0.0)
+        if self.overlap_p2p:  # hidden under the next chunk's compute but in the fill and the drain
+            p2p = xp.where(vpp > 1, p2p * fill, p2p)
+        # each model chunk's send / receive pair, posted and waited for, forward + backward
+        p2p = p2p + xp.where(lo.pp > 1, vpp * m * self.chunk_s, 0.0)
+        return compute, ep, etp, tp, cp, busy - gpu, dp, bubble, p2p, busy + dp + bubble + p2p
 
-
-    def _collective(self, group: int, stride: int) -> float:
+    def _collective(self, group: Any, stride: Any, xp: Any) -> Any:
         """Seconds per byte a rank of a ``group``-rank ring collective moves, the group's ranks ``stride`` apart (the
         parallel dimensions inside it): the ranks of a node reduce over NVLink, then the nodes over their NICs, each
         rank carrying 1/(its node's ranks) of the data (a two-level all-reduce / reduce-scatter / all-gather)."""
-        if group <= 1:
-            return 0.0
-        per_node = max(1, min(group, self.domain // stride))
+        per_node = xp.maximum(1, xp.minimum(group, self.domain // stride))
         nodes = group // per_node
-        return (per_node - 1) / per_node / self.nvlink + (nodes - 1) / nodes / per_node / self.scaleout
+        return xp.where(group > 1, (per_node - 1) / per_node / self.nvlink
+                        + (nodes - 1) / nodes / per_node / self.scaleout, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Mesh:
+    """What the step model reads of a layout and batch: one layout's numbers, or numpy columns of many (the layout
+    search's candidates, one row each). ``vpp`` is 1 without virtual stages; ``m`` the micro-batches per step."""
+
+    tp: Any
+    cp: Any
+    pp: Any
+    vpp: Any
+    ep: Any
+    etp: Any
+    sp: Any
+    mbs: Any
+    m: Any
+
+    @classmethod
+    def of(cls, r: Resolved) -> "Mesh":
+        lo, b = r.layout, r.batch
+        return cls(lo.tp, lo.cp, lo.pp, lo.vpp or 1, lo.ep, lo.etp, lo.sp, b.micro_batch_size, b.micro_batches_per_step)
 
 
 _STREAMED = 2 * 3  # HBM bytes per bf16 activation element a kernel reads or writes, forward + backward

@@ -16,7 +16,7 @@ from moe_hydra.core.resolved import resolve
 from moe_hydra.core.versions import mcore_facts
 from moe_hydra.planning import rules, search
 from moe_hydra.planning.rules import LayoutError
-from moe_hydra.planning.rules.base import READS, VARIED, Ctx
+from moe_hydra.planning.rules.base import READS, VARIED, Ctx, reads
 from tests.conftest import compose_config
 from tests.data.fixtures import rule_datasets, write_calibration
 
@@ -274,26 +274,8 @@ def test_layout_error_report_names_every_violation():
 
 # ----------------------------------------------------------------------------- what each kind of rule reads
 
-class _Recorder:
-    """Stands in for a resolved plan (and any node below it): records the dotted path of every value a rule
-    reads that is not itself a node."""
-
-    def __init__(self, obj, path: str, seen: set[str]):
-        self._obj, self._path, self._seen = obj, path, seen
-
-    def __getattr__(self, name: str):
-        value = getattr(self._obj, name)
-        path = f"{self._path}.{name}" if self._path else name
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            return _Recorder(value, path, self._seen)
-        self._seen.add(path)
-        return value
-
-
 def _reads(rule, r) -> set[str]:
-    seen: set[str] = set()
-    list(rule(Ctx(_Recorder(r, "", seen), NEW)))
-    return seen
+    return reads(rule, r, NEW)
 
 
 def _plans():

@@ -210,22 +210,30 @@ def test_candidates_evaluated_together_equal_each_evaluated_alone():
 
 @pytest.mark.parametrize("overrides", [("model=deepseek_v3", H100, "hardware.nodes=16"),
                                        ("hardware.devices_per_node=8", "model.num_layers=4", "model.mtp_num_layers=1")])
-def test_a_rule_kinds_columns_decide_the_values_its_rules_read(overrides):
-    """The search runs each kind of rule once per distinct value of its columns (_Columns.RULE_COLUMNS): two
-    candidates alike in those columns must give the same values at every path the kind reads (rules.base.READS)."""
-    from moe_hydra.planning.rules.base import cache_key
+def test_the_columns_of_a_path_decide_its_value(overrides):
+    """A rule's answer is reused for every candidate with the same values where it read (_Columns.PATH_COLUMNS:
+    the columns that decide each path's value); CONSTANT paths are the same for every candidate."""
+    from operator import attrgetter
 
     s = search.Search(compose_config("stage=plan", *overrides))
     every = list(search.enumerate_layouts(s.base))
     t = search._Columns(s, every)
-    for kind, names in t.RULE_COLUMNS.items():
-        values = cache_key(kind)[0]
-        seen: dict[tuple, tuple] = {}
-        for i in random.Random(3).sample(range(len(every)), min(400, len(every))):
+    sample = random.Random(3).sample(range(len(every)), min(400, len(every)))
+    plans = {i: s.resolved(every[i]) for i in sample}
+    for path, names in [*t.PATH_COLUMNS.items(), *((p, ()) for p in t.CONSTANT)]:
+        seen: dict[tuple, object] = {}
+        for i in sample:
             cols = tuple(int(getattr(t, n)[i]) for n in names)
-            got = values(s.resolved(every[i]))[:-1]  # (the key's last value is TP, whatever the kind reads)
-            assert seen.setdefault(cols, got) == got, (kind, every[i])
-        assert len(seen) < 400, kind  # groups of more than one candidate were compared
+            got = attrgetter(path)(plans[i])
+            assert seen.setdefault(cols, got) == got, (path, every[i])
+        assert len(seen) < len(sample), path  # groups of more than one candidate were compared
+
+
+def test_a_rule_reading_a_path_the_search_cannot_key_fails_loudly(monkeypatch):
+    s = search.Search(compose_config("stage=plan", "hardware.devices_per_node=4"))
+    monkeypatch.delitem(search._Columns.PATH_COLUMNS, "layout.tp")
+    with pytest.raises(RuntimeError, match="a rule read layout.tp, which the layout search varies"):
+        s.run()
 
 
 def test_ranking_puts_cp_and_etp_last_for_short_sequences():

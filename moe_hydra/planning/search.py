@@ -55,10 +55,10 @@ from typing import Any, Iterator
 from moe_hydra.core import calibrated_step, overrides, params
 from moe_hydra.core.arch import Arch
 from moe_hydra.core.layout import Layout
-from moe_hydra.core.resolved import Resolved, resolve
+from moe_hydra.core.resolved import Resolved, rank_layers, resolve
 from moe_hydra.core.versions import McoreFacts, mcore_facts
 from moe_hydra.planning import memory, plan, rules, step_model, step_time
-from moe_hydra.planning.rules.base import READS, _divisors, cache_key
+from moe_hydra.planning.rules.base import VARIED, Ctx, _divisors, reads
 from moe_hydra.planning.step_model import TERMS, StepModel
 
 RECOMPUTE_LEVELS = ("none", "selective", "full")
@@ -332,18 +332,12 @@ class Search:
         self._train_kw = {f.name: getattr(self.cfg.train, f.name) for f in dataclasses.fields(self.cfg.train)}
         self.overlap_nodes = {o: dataclasses.replace(self.cfg.overlap, overlap_moe_expert_parallel_comm=o)
                               for o in (False, True)}
-        # each kind of rule keyed by what it reads, with the communication setting where a rule of it reads that
-        self.comm_kinds = [kind for kind in ("mesh", "pipeline", "recompute") if any(x.comm for x in rules.RULES
-                                                                                    if x.reads == kind)]
-        self.keys = {kind: cache_key(kind, settings=("recompute", "dispatcher", "overlap")) for kind in READS}
-        # (kind, level, comm): the values at the paths of a recompute level and communication setting, the same
-        # for every candidate (None: the base's)
-        self.settings_parts = {
-            (kind, level, comm): self.keys[kind][1](self.base.with_settings(**self._settings(level, comm)))
-            for kind in READS for level in (None, *self.recompute) for comm in (None, *self.comms)}
+        # the rules a candidate is checked by (the fixed ones once, below), in their order, and those of them that
+        # read the dispatcher or EP overlap (checked again with each other communication setting)
+        self.candidate_rules = [x for x in rules.RULES if x.reads in ("mesh", "pipeline", "recompute")]
+        self.comm_rules = [x for x in self.candidate_rules if x.comm]
+        self.recompute_rules = [x for x in self.candidate_rules if x.reads == "recompute"]
         self.fixed_violations = rules.check(self.base, self.mcore, reads=("fixed",))
-        self.rule_cache: dict[tuple, list] = {}
-        self.messages: dict[tuple, list[str]] = {}
         self.rank_params: dict[tuple, list] = {}
         self._plans: dict[Candidate, dict] = {}  # the candidates' resolved plans (by level and setting) the rules read
         self.flex_gib = self.cfg.memory.flex_dispatcher_gib
@@ -404,25 +398,6 @@ class Search:
             out.update(dispatcher=self.dispatcher_nodes[comm.dispatcher], overlap=self.overlap_nodes[comm.ep_overlap])
         return out
 
-    def _check(self, c: Candidate, kind: str, level: str | None = None, comm: Comm | None = None,
-               comm_only: bool = False) -> list:
-        """The violations of one kind of rule for a candidate at a recompute level and communication setting,
-        cached by the values those rules read (:func:`cache_key`): the candidate's plan's values outside the
-        settings (once per candidate) and the setting's own (once per search); the plan at that setting is
-        resolved only when the rules must run."""
-        level, comm = self._varied(level, comm)
-        self.resolved(c)
-        memo = self._plans[c]  # the candidate's plans and the values they were keyed by
-        plan_part = memo.get(kind)
-        if plan_part is None:
-            plan_part = memo[kind] = self.keys[kind][0](memo[None, None])
-        key = (kind, comm_only, plan_part, self.settings_parts[kind, level, comm])
-        found = self.rule_cache.get(key)
-        if found is None:
-            found = self.rule_cache[key] = rules.check(self.resolved(c, level, comm), self.mcore, reads=(kind,),
-                                                       comm_only=comm_only)
-        return found
-
     # ------------------------------------------------------------------ evaluation, as columns
 
     def evaluate(self, c: Candidate) -> Result:
@@ -447,18 +422,12 @@ class Search:
                 c = candidates[i]
                 results[i] = Result(c, c.layout(self.world), [], None, floor[i] / memory.GIB, False, pruned=True)
             alive = np.flatnonzero(floor <= self.cap_bytes)
-        found = [t.verdicts(alive, kind) for kind in ("mesh", "pipeline", "recompute")]
-        legal = []
-        for i, lists in zip(alive.tolist(), zip(*found)):
-            if self.fixed_violations or any(lists):
-                key = tuple(map(id, lists))  # the cached lists: one message list per combination
-                messages = self.messages.get(key)
-                if messages is None:
-                    messages = self.messages[key] = [f"[{v.rule}] {v.message}"
-                                                      for v in (*self.fixed_violations, *(v for f in lists for v in f))]
-                results[i] = Result(candidates[i], candidates[i].layout(self.world), messages)
-            else:
-                legal.append(i)
+        combo, combos = t.violations(alive, self.candidate_rules)
+        messages = [[f"[{v.rule}] {v.message}" for v in (*self.fixed_violations, *found)] for found in combos]
+        illegal = np.array([bool(m) for m in messages], dtype=bool)[combo] if len(alive) else np.zeros(0, dtype=bool)
+        for i, k in zip(alive[illegal].tolist(), combo[illegal].tolist()):
+            results[i] = Result(candidates[i], t.layout(i), messages[k])
+        legal = alive[~illegal].tolist()
         if legal:
             for i, res in zip(legal, t.assess(np.array(legal))):
                 results[i] = res
@@ -470,10 +439,19 @@ class Search:
         key = _RANKS(r)
         cached = self.rank_params.get(key)
         if cached is None:
-            ranks = params.params_per_rank(self.arch, r.layout, r.split, te_spec=self.impl.te)
-            cached = self.rank_params[key] = (ranks, memory.peak_candidates(self.arch, r.split, ranks),
-                                              max(ranks, key=lambda x: x.total))
+            cached = self.rank_params[key] = self._counts(r.layout, r.split)
         return cached
+
+    def _counts(self, lo: Layout, split: tuple) -> tuple:
+        """(each rank's parameters, the memory's peak candidates, the most loaded rank) of a layout and split."""
+        ranks = params.params_per_rank(self.arch, lo, split, te_spec=self.impl.te)
+        return ranks, memory.peak_candidates(self.arch, split, ranks), max(ranks, key=lambda x: x.total)
+
+    def _split(self, c: Candidate) -> tuple:
+        """What a candidate's plan derives of its pipeline: its layout and each pipeline rank's layers
+        (:func:`~moe_hydra.core.resolved.rank_layers`, as :func:`resolve` derives them; the rules have passed it)."""
+        lo = c.layout(self.world)
+        return lo, rank_layers(self.arch, lo, type(self.cfg.parallel)(**{**self._parallel_kw, **c.fields()}))
 
     def _estimator(self, c: Candidate) -> memory.Estimator:
         """The memory estimator of a candidate's plan at the configured recompute level."""
@@ -553,17 +531,38 @@ class Search:
 class _Columns:
     """A search's candidates as numpy columns (one row each) and what :meth:`Search.evaluate_all` derives from them."""
 
-    # the columns each kind of rule's answer is a function of: what the values at the paths the kind reads
-    # (rules.base.READS) follow from, the rest being the base's (tests/test_search.py checks it on samples)
-    RULE_COLUMNS = {"mesh": ("tp", "cp", "pp", "ep", "etp", "mbs"), "pipeline": ("pp", "vpp", "split", "tpcp", "mbs"),
-                    "recompute": ("pp", "ep", "vpp", "split")}
+    # Each path into a candidate's plan that a rule may read and the search varies, as the columns that decide its
+    # value (a rule's answer is cached by the values it read: rules.base.reads); CONSTANT: the varied paths every
+    # candidate of a search shares; the settings' paths (a recompute rung's, a communication setting's) are keyed
+    # by their values.
+    PATH_COLUMNS = {
+        "layout.tp": ("tp",), "layout.cp": ("cp",), "layout.pp": ("pp",), "layout.ep": ("ep",), "layout.etp": ("etp",),
+        "layout.sp": ("sp",), "layout.dp": ("dp",), "layout.edp": ("edp",), "layout.vpp": ("vpp",),
+        "layout.attention_model_size": ("attention",), "layout.expert_model_size": ("expert",),
+        "cfg.parallel.tensor_model_parallel_size": ("tp",), "cfg.parallel.context_parallel_size": ("cp",),
+        "cfg.parallel.pipeline_model_parallel_size": ("pp",), "cfg.parallel.expert_model_parallel_size": ("ep",),
+        "cfg.parallel.expert_tensor_parallel_size": ("etp",), "cfg.parallel.sequence_parallel": ("sp",),
+        "cfg.parallel.virtual_pipeline_model_parallel_size": ("vpp",),
+        "cfg.parallel.pipeline_model_parallel_layout": ("split",),
+        "cfg.parallel.account_for_embedding_in_pipeline_split": ("split",),
+        "cfg.parallel.account_for_loss_in_pipeline_split": ("split",),
+        "split": ("pp", "vpp", "split"),
+        "batch.micro_batch_size": ("mbs",), "cfg.train.micro_batch_size": ("mbs",), "batch.micro_batches_per_step": ("m",),
+    }
+    CONSTANT = ("layout.world_size", "batch.global_batch_size", "batch.seq_length", "batch.tokens_per_step",
+                "cfg.train.global_batch_size", "cfg.parallel.cp_comm_type",
+                "cfg.parallel.hierarchical_context_parallel_sizes", "cfg.parallel.use_tp_pp_dp_mapping",
+                "cfg.parallel.num_layers_in_first_pipeline_stage", "cfg.parallel.num_layers_in_last_pipeline_stage")
+    SETTINGS = ("cfg.recompute.", "cfg.dispatcher.", "cfg.overlap.")
     RANK_COLUMNS = ("tp", "etp", "ep", "pp", "vpp", "split")  # the parameters per rank and the stages' layers
     TERM_COLUMNS = ("tp", "cp", "etp", "ep", "mbs")  # memory.layer_terms' (SP follows TP in a search)
 
     def __init__(self, s: Search, candidates: list[Candidate]):
         import numpy as np
 
-        self.s, self.candidates, self.np = s, candidates, np
+        from moe_hydra.core.columns import numpy_ops
+
+        self.s, self.candidates, self.np, self.np_ops = s, candidates, np, numpy_ops()
         n = len(candidates)
 
         def column(get: Any) -> Any:
@@ -574,55 +573,127 @@ class _Columns:
         self.vpp = column(lambda c: c.vpp or 1)
         splits: dict[str, int] = {}
         self.split = column(lambda c: splits.setdefault(c.split, len(splits)))
-        self.tpcp = self.tp * self.cp
-        w = s.world
-        self.dp, self.edp = w // (self.tpcp * self.pp), w // (self.ep * self.etp * self.pp)
+        self.sp = (self.tp > 1).astype(np.int64)  # sequence parallelism whenever TP > 1
+        self.attention, self.expert = self.tp * self.cp * self.pp, self.ep * self.etp * self.pp  # the meshes' model sizes
+        self.dp, self.edp = s.world // self.attention, s.world // self.expert
         self.m = s.cfg.train.global_batch_size // (self.mbs * self.dp)
-        self._groups: dict[tuple, tuple] = {}
-        self._verdicts: dict[tuple, list] = {}
-        self._reps: dict[tuple, int] = {}  # (kind, its columns' values): the row whose plan the rules read
+        self._traces: dict[Any, dict[tuple, dict]] = {}  # rule -> the paths it read -> their columns' values -> found
+        self._found: list[list] = []  # the distinct answers of the rules (violation lists)
+        self._found_index: dict[tuple, int] = {}
+        self._parts: dict[tuple, tuple] = {}
+        self._coded: dict[str, tuple] = {}
+        self._layouts: dict[tuple, Layout] = {}
 
     def groups(self, names: tuple[str, ...], rows: Any) -> tuple[Any, Any]:
         """(the first of ``rows`` with each distinct value of the columns ``names``, each row's group)."""
-        from moe_hydra.core.columns import numpy_ops
+        np = self.np
+        if not names:
+            return rows[:1], np.zeros(len(rows), dtype=np.int64)
+        key = np.zeros(len(rows), dtype=np.int64)
+        for n in names:  # each column's values numbered once (_codes): one integer per row, one sort
+            codes, count = self._codes(n)
+            key = key * count + codes[rows]
+        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        return rows[first], inverse.reshape(-1)
 
-        first, inverse = numpy_ops().groups(*(getattr(self, n)[rows] for n in names))
-        return rows[first], inverse
+    def _codes(self, name: str) -> tuple[Any, int]:
+        """(each row's value of a column as its index among the column's values, how many values)."""
+        if name not in self._coded:
+            values, codes = self.np.unique(getattr(self, name), return_inverse=True)
+            self._coded[name] = (codes.reshape(-1), len(values))
+        return self._coded[name]
 
-    def verdicts(self, rows: Any, kind: str, level: str | None = None, comm: Comm | None = None,
-                 comm_only: bool = False) -> list[list]:
-        """Each row's violations of one kind of rule (at a recompute level and communication setting): the rules run
-        once per distinct value of the columns they read (:meth:`Search._check`, cached by the values themselves)."""
-        s = self.s
-        level, comm = s._varied(level, comm)
-        first, group = self.groups(self.RULE_COLUMNS[kind], rows)
-        settings = s.settings_parts[kind, level, comm]
-        names = self.RULE_COLUMNS[kind]
-        out = []
-        for i in first.tolist():
-            cols = (kind, *(int(getattr(self, n)[i]) for n in names))
-            key = (comm_only, settings, cols)
-            found = self._verdicts.get(key)
-            if found is None:  # one candidate per value of the columns: its plan resolved once
-                rep = self.candidates[self._reps.setdefault(cols, i)]
-                found = self._verdicts[key] = s._check(rep, kind, level, comm, comm_only)
-            out.append(found)
-        return [out[g] for g in group.tolist()]
+    def layout(self, i: int) -> Layout:
+        """Candidate ``i``'s layout (one object per distinct layout)."""
+        c = self.candidates[i]
+        key = (c.tp, c.cp, c.pp, c.vpp, c.ep, c.etp)
+        lo = self._layouts.get(key)
+        if lo is None:
+            lo = self._layouts[key] = c.layout(self.s.world)
+        return lo
+
+    def violations(self, rows: Any, which: list, level: str | None = None,
+                   comm: Comm | None = None) -> tuple[Any, list[list]]:
+        """(each row's combination, the combinations: the violations of the rules ``which``, in their order) at a
+        recompute level and communication setting."""
+        np = self.np
+        if not which or not len(rows):
+            return np.zeros(len(rows), dtype=np.int64), [[]]
+        ids = [self.rule_found(rows, rule, level, comm) for rule in which]
+        first, combo = self.np_ops.groups(*ids)
+        combos = [[v for k in range(len(which)) for v in self._found[ids[k][i]]] for i in first.tolist()]
+        return combo, combos
 
     def refused(self, rows: Any, level: str) -> Any:
         """Whether the rules refuse a rung of the recompute ladder above the configured one, per row."""
-        np = self.np
         if level == self.s.base_name:
-            return np.zeros(len(rows), dtype=bool)
-        return np.array([bool(v) for v in self.verdicts(rows, "recompute", level)], dtype=bool)
+            return self.np.zeros(len(rows), dtype=bool)
+        return self._any(*self.violations(rows, self.s.recompute_rules, level))
 
     def comm_legal(self, rows: Any, level: str, comm: Comm) -> Any:
         """Whether the rules that read the dispatcher or EP overlap accept ``comm`` at ``level``, per row."""
-        np = self.np
-        ok = np.ones(len(rows), dtype=bool)
-        for kind in self.s.comm_kinds:
-            ok &= np.array([not v for v in self.verdicts(rows, kind, level, comm, comm_only=True)], dtype=bool)
-        return ok
+        return ~self._any(*self.violations(rows, self.s.comm_rules, level, comm))
+
+    def _any(self, combo: Any, combos: list[list]) -> Any:
+        return self.np.array([bool(c) for c in combos], dtype=bool)[combo]
+
+    def rule_found(self, rows: Any, rule: Any, level: str | None, comm: Comm | None) -> Any:
+        """Each row's answer of one rule at a recompute level and communication setting, as an index into the
+        distinct answers. A rule runs on a candidate's plan, recording the paths it read (rules.base.reads); any
+        other candidate with the same values there gets the same answer (the values compared as the columns that
+        decide them, :data:`PATH_COLUMNS`); the rows no recorded read decides run the rule again."""
+        np, s = self.np, self.s
+        level, comm = s._varied(level, comm)
+        traces = self._traces.setdefault(rule, {})
+        out = np.full(len(rows), -1, dtype=np.int64)
+        todo = np.arange(len(rows))
+        while len(todo):
+            reps = todo[:1]
+            for paths, table in traces.items():
+                cols, const = self._key_parts(paths, level, comm)
+                first, group = self.groups(cols, rows[todo])
+                values = np.stack([getattr(self, n)[first] for n in cols], axis=1).tolist() if cols else [[]]
+                hit = np.array([table.get((*const, *v), -1) for v in values], dtype=np.int64)
+                out[todo] = hit[group]
+                missed = hit[group] < 0
+                if not missed.any():
+                    return out
+                todo = todo[missed]
+                reps = first[np.flatnonzero(hit < 0)]  # (as rows of the columns)
+            for i in (rows[reps] if not traces else reps).tolist():
+                self._trace(rule, i, level, comm)
+        return out
+
+    def _trace(self, rule: Any, i: int, level: str | None, comm: Comm | None) -> None:
+        """Run ``rule`` on candidate ``i``'s plan; record what it found under the values it read."""
+        s = self.s
+        r = s.resolved(self.candidates[i], level, comm)
+        found = list(rule(Ctx(r, s.mcore)))
+        paths = tuple(sorted(p for p in reads(rule, r, s.mcore) if p.startswith(VARIED)))
+        cols, const = self._key_parts(paths, level, comm)
+        key = (*const, *(int(getattr(self, n)[i]) for n in cols))
+        index = self._found_index.setdefault(tuple((v.rule, v.message) for v in found), len(self._found))
+        if index == len(self._found):
+            self._found.append(found)
+        self._traces[rule].setdefault(paths, {})[key] = index
+
+    def _key_parts(self, paths: tuple[str, ...], level: str | None, comm: Comm | None) -> tuple[tuple, tuple]:
+        """(the columns that decide the values at ``paths``, the values of the settings' paths among them)."""
+        key = (paths, level, comm)
+        if key not in self._parts:
+            cols, const = [], []
+            at = self.s.base.with_settings(**self.s._settings(level, comm))
+            for p in paths:
+                if p in self.PATH_COLUMNS:
+                    cols += self.PATH_COLUMNS[p]
+                elif p.startswith(self.SETTINGS):
+                    value = attrgetter(p)(at)
+                    const.append(tuple(value) if isinstance(value, list) else value)
+                elif p not in self.CONSTANT:
+                    raise RuntimeError(f"a rule read {p}, which the layout search varies and cannot key its answers by: "
+                                       "name the columns that decide it in search._Columns.PATH_COLUMNS")
+            self._parts[key] = (tuple(dict.fromkeys(cols)), tuple(const))
+        return self._parts[key]
 
     def assess(self, rows: Any) -> list[Result]:
         """The legal candidates ``rows``: parameters, memory at each rung of the recompute ladder (the least that
@@ -636,11 +707,11 @@ class _Columns:
         first, group = self.groups(self.RANK_COLUMNS, rows)
         per_group = []
         for i in first.tolist():
-            r = s.resolved(self.candidates[i])
-            ranks, peak_stages, worst = s._rank_params(r)
+            lo, split = s._split(self.candidates[i])
+            ranks, peak_stages, worst = s._counts(lo, split)
             peak = set(peak_stages)
             st = [(x.pp_rank, len(x.layers), (x.mask & s.arch.moe_mask).bit_count(), x.mtp, x.loss, p.total, p.dense,
-                   p.expert, j in peak) for j, (x, p) in enumerate(zip(r.split, ranks))]
+                   p.expert, j in peak) for j, (x, p) in enumerate(zip(split, ranks))]
             per_group.append((np.array(st, dtype=np.int64).reshape(-1, 9), worst.dense, worst.expert))
         counts = np.array([len(g[0]) for g in per_group])[group]
         owner = np.repeat(np.arange(n), counts)  # each stage row's candidate (index into rows)
@@ -667,18 +738,19 @@ class _Columns:
             np.maximum.at(states_alone, owner, static[0] + static[1] + static[2] + static[4])
         peak_rows = np.flatnonzero(is_peak)
         starts = np.flatnonzero(np.r_[True, owner[peak_rows][1:] != owner[peak_rows][:-1]]) if n else peak_rows
+        # the activation terms of a dense and a MoE layer, a column each (a term a mesh lacks adds 0.0: the same sum)
+        terms = tuple({k: per_mesh([e.terms[part].get(k, 0.0) for e in ests])[peak_rows]
+                       for k in dict.fromkeys(k for e in ests for k in e.terms[part])} for part in (0, 1))
+        sub = memory.Stages(*(getattr(stages, f)[peak_rows] for f in ("pp_rank", "layers", "moe", "mtp", "loss")))
         peaks = {}
         for level, node in s.recompute.items():
             est = copy.copy(base)
             est.cfg = dataclasses.replace(s.cfg, recompute=node)
-            drop = memory.dropped(node, s.cfg.offload)
-            kept = [memory.kept_bytes(e.terms, drop) for e in ests]
-            est.full_dense, est.full_moe, est.dense_layer, est.moe_layer = (
-                per_mesh([k[j] for k in kept])[peak_rows] for j in range(4))
+            est.full_dense, est.full_moe, est.dense_layer, est.moe_layer = memory.kept_bytes(
+                terms, memory.dropped(node, s.cfg.offload))
             est.hidden, est.loss, est.logits_transient = (per_mesh([getattr(e, a) for e in ests])[peak_rows]
                                                           for a in ("hidden", "loss", "logits_transient"))
             est.pp, est.vpp, est.microbatches = self.pp[at][peak_rows], self.vpp[at][peak_rows], self.m[at][peak_rows]
-            sub = memory.Stages(*(getattr(stages, f)[peak_rows] for f in ("pp_rank", "layers", "moe", "mtp", "loss")))
             act, _, next_layer = est.activations(sub, False, xp)
             st = tuple(x[peak_rows] if isinstance(x, np.ndarray) else x for x in static)
             both = []
@@ -698,7 +770,8 @@ class _Columns:
         fits = np.ones(n, dtype=bool)
         todo = np.ones(n, dtype=bool)
         for li, name in enumerate(levels):  # a refused rung (e.g. full recompute with EP overlap, L68) is skipped
-            here = todo & ~self.refused(rows, name)
+            here = todo.copy()
+            here[todo] = ~self.refused(rows[todo], name)
             level[here], peak[here] = li, peaks[name][primary.ep_overlap][here]
             if cap is None:
                 todo[here] = False
@@ -748,7 +821,7 @@ class _Columns:
                 terms[k, li] = np.stack(step(k, li), axis=1)
         for j, i in enumerate(rows.tolist()):
             k, li = int(comm[j]), int(level[j])
-            out.append(Result(self.candidates[i], self.candidates[i].layout(s.world), [], levels[li], float(peak[j]),
+            out.append(Result(self.candidates[i], self.layout(i), [], levels[li], float(peak[j]),
                               None if cap is None else bool(fits[j]),
                               dict(zip((*TERMS, "step"), terms[k, li][j].tolist())), comm=s.comms[k]))
         return out

@@ -6,11 +6,11 @@ Pure: standard library only (the GPU presets a fix names are read from ``conf/ha
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import Callable, Iterator
 
 from moe_hydra.core import presets
@@ -72,10 +72,10 @@ Rule = Callable[[Ctx], Iterator[Violation]]
 RULES: list[Rule] = []
 
 
-# What each kind of rule may read of what the layout search varies, as paths into the resolved plan. The
-# search caches each kind's verdict by the values at exactly these paths (:func:`cache_key`);
-# tests/test_rules.py runs every rule under a recorder and fails when a rule reads a varied path its kind
-# does not list, so a mis-declared rule fails a test instead of corrupting a ranking.
+# What each kind of rule may read of what the layout search varies, as paths into the resolved plan (the search
+# runs the fixed kind once, the others per candidate, each rule cached by the values it read: :func:`reads`);
+# tests/test_rules.py runs every rule under a :class:`Recorder` and fails when a rule reads a varied path its kind
+# does not list.
 _LAYOUT = ("layout.world_size", "layout.tp", "layout.cp", "layout.pp", "layout.ep", "layout.etp", "layout.sp",
            "layout.dp", "layout.edp", "layout.attention_model_size", "layout.expert_model_size")
 _MESH = tuple(f"cfg.parallel.{f}" for f in (
@@ -99,8 +99,6 @@ READS = {
     "pipeline": ("layout.world_size", "layout.pp", "layout.dp", *_SPLIT, *_BATCH),
     "recompute": ("layout.pp", "layout.ep", *_SPLIT, *_RECOMPUTE),
 }
-# The declared paths whose values are lists (keyed as tuples).
-LIST_READS = ("cfg.parallel.hierarchical_context_parallel_sizes", "cfg.recompute.recompute_modules")
 # What the layout search varies between candidates: everything a candidate, its recompute level or its
 # communication setting changes (the fixed kind reads none of it).
 VARIED = ("layout.", "batch.", "split", "cfg.parallel.", "cfg.train.micro_batch_size", "cfg.train.global_batch_size",
@@ -112,31 +110,28 @@ def comm_reads(kind: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(p for r in RULES if r.reads == kind for p in r.comm))
 
 
-def cache_key(kind: str, settings: tuple[str, ...] = ()) -> tuple[Callable[[Resolved], tuple], ...]:
-    """The values a kind of rule reads (with the communication setting its rules read), as hashable tuples: what
-    the layout search keys its verdicts by. Two parts: the values at the paths outside the config nodes
-    ``settings`` (e.g. ``("recompute", "dispatcher", "overlap")``, what a search tries on every candidate), and
-    the values at the paths inside them; together they are every path the kind reads."""
-    paths = READS[kind] + comm_reads(kind)
-    inside = tuple(p for p in paths if p.startswith(tuple(f"cfg.{node}." for node in settings)))
-    return _values_at(tuple(p for p in paths if p not in inside)), _values_at(inside)
+class Recorder:
+    """Stands in for a resolved plan (and any node below it): records the dotted path of every value read that is
+    not itself a node (what :func:`reads` reports)."""
+
+    def __init__(self, obj: object, path: str, seen: set[str]):
+        self._obj, self._path, self._seen = obj, path, seen
+
+    def __getattr__(self, name: str):
+        value = getattr(self._obj, name)
+        path = f"{self._path}.{name}" if self._path else name
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return Recorder(value, path, self._seen)
+        self._seen.add(path)
+        return value
 
 
-def _values_at(paths: tuple[str, ...]) -> Callable[[Resolved], tuple]:
-    if not paths:
-        return lambda r: ()
-    get = attrgetter(*paths, "cfg.parallel.tensor_model_parallel_size")  # a tuple even for one path
-    lists = [i for i, p in enumerate(paths) if p in LIST_READS]
-    if not lists:
-        return get
-
-    def values(r: Resolved) -> tuple:
-        found = list(get(r))
-        for i in lists:
-            found[i] = None if found[i] is None else tuple(found[i])
-        return tuple(found)
-
-    return values
+def reads(rule: Rule, r: Resolved, mcore: McoreFacts) -> set[str]:
+    """The paths into ``r`` whose values ``rule`` read when checking it: the rule gives the same answer for any
+    plan with the same values there (it reads nothing else of the plan)."""
+    seen: set[str] = set()
+    list(rule(Ctx(Recorder(r, "", seen), mcore)))  # type: ignore[arg-type]
+    return seen
 
 
 def rule(fn: Rule | None = None, *, reads: str = "mesh", comm: tuple[str, ...] = ()):

@@ -16,7 +16,7 @@ from moe_hydra.core.resolved import resolve
 from moe_hydra.core.versions import mcore_facts
 from moe_hydra.planning import rules, search
 from moe_hydra.planning.rules import LayoutError
-from moe_hydra.planning.rules.base import READS, VARIED, Ctx, reads
+from moe_hydra.planning.rules.base import READS, VARIED, Ctx, check_reading
 from tests.conftest import compose_config
 from tests.data.fixtures import rule_datasets, write_calibration
 
@@ -275,7 +275,7 @@ def test_layout_error_report_names_every_violation():
 # ----------------------------------------------------------------------------- what each kind of rule reads
 
 def _reads(rule, r) -> set[str]:
-    return reads(rule, r, NEW)
+    return check_reading(rule, r, NEW)[1]
 
 
 def _plans():

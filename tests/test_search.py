@@ -195,6 +195,46 @@ def test_each_layout_keeps_its_fastest_communication_setting_that_fits():
     assert both.evaluate(in_node).terms["step"] < alltoall.evaluate(in_node).terms["step"]
 
 
+def test_each_setting_climbs_from_the_primarys_least_recompute_and_the_fastest_that_fits_is_kept():
+    """The choice, replayed one candidate at a time with stage=plan's assess as the judge of legality and memory: the
+    primary setting's least recompute that fits; then each other setting in turn, from that rung up, until it is no
+    faster than the best so far, keeping the first rung it is legal and fits at."""
+    cfg = compose_config("stage=plan", "model=qwen3_30b_a3b", H100, "hardware.nodes=2", "train.micro_batch_size=8")
+    s = search.Search(cfg, dispatchers=["alltoall", "deepep"], ep_overlap=[False, True])
+    every = list(search.enumerate_layouts(s.base))
+    got = s.evaluate_all(every)
+    chosen = [i for i, r in enumerate(got) if r.legal and r.fits]
+    levels, cap, primary = list(s.recompute), cfg.hardware.memory_gib, s.comms[0]
+
+    def judged(c, level, comm):  # (step, peak GiB) at a rung and setting, None where a rule refuses it
+        r = s.resolved(c, level, comm)
+        try:
+            a = plan.assess(r)
+        except rules.LayoutError:
+            return None
+        worst = max(a.ranks, key=lambda x: x.total)
+        return s.model.step(r, worst.dense, worst.expert, r.cfg.recompute, comm.flex, comm.ep_overlap), a.peak.total / 2**30
+
+    moved = 0
+    for i in random.Random(4).sample(chosen, 25):
+        c = every[i]
+        least = next(lvl for lvl in levels if (j := judged(c, lvl, primary)) and j[1] <= cap)
+        best, best_step = (primary, least), judged(c, least, primary)[0]
+        for comm in s.comms[1:]:
+            if c.ep == 1 and (comm.flex or comm.ep_overlap):
+                continue
+            for lvl in levels[levels.index(least):]:
+                j = judged(c, lvl, comm)
+                if j and j[0] >= best_step:
+                    break
+                if j and j[1] <= cap:
+                    best, best_step = (comm, lvl), j[0]
+                    break
+        assert (got[i].comm, got[i].recompute) == best, c
+        moved += best[1] != least
+    assert moved, "no sampled candidate changed its recompute with its setting: the sample checks too little"
+
+
 def test_candidates_evaluated_together_equal_each_evaluated_alone():
     """evaluate_all groups rows by the columns a rule, a count or an estimate reads: the whole search's rows equal
     each candidate's own (a batch of one), every field."""

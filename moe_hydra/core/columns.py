@@ -11,7 +11,31 @@ from __future__ import annotations
 
 import functools
 import operator
+from dataclasses import dataclass
 from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Mesh:
+    """What the step model and the memory estimate read of a layout and batch: one layout's numbers, or numpy columns
+    of many (the layout search's candidates, one row each). ``vpp`` is 1 without virtual stages; ``m`` the
+    micro-batches per step."""
+
+    tp: Any
+    cp: Any
+    pp: Any
+    vpp: Any
+    ep: Any
+    etp: Any
+    sp: Any
+    mbs: Any
+    m: Any
+
+    @classmethod
+    def of(cls, r: Any) -> "Mesh":
+        """A resolved plan's (:class:`~moe_hydra.core.resolved.Resolved`)."""
+        lo, b = r.layout, r.batch
+        return cls(lo.tp, lo.cp, lo.pp, lo.vpp or 1, lo.ep, lo.etp, lo.sp, b.micro_batch_size, b.micro_batches_per_step)
 
 
 class _Scalars:
@@ -28,8 +52,12 @@ class _Scalars:
         return x and y
 
     @staticmethod
+    def or_(x: bool, y: bool) -> bool:
+        return x or y
+
+    @staticmethod
     def each(fn: Any, *args: Any) -> Any:
-        """``fn(*args)``: a function of a few small numbers (and a flag), called as it is."""
+        """``fn(*args)``: a function of a few small integers (and flags), called as it is."""
         return fn(*args)
 
 
@@ -38,31 +66,38 @@ SCALARS = _Scalars()
 
 @functools.cache
 def numpy_ops() -> Any:
-    """The same operations on numpy columns. ``each(fn, *columns, flag)`` calls ``fn`` once per distinct row of the
-    integer columns (as Python ints, so ``fn``'s own caches are shared with the scalar path) and spreads the results
-    back over the rows."""
+    """The same operations on numpy columns."""
     import numpy as np
 
     class Columns:
         maximum, minimum, where = staticmethod(np.maximum), staticmethod(np.minimum), staticmethod(np.where)
-        and_, not_ = staticmethod(np.logical_and), staticmethod(np.logical_not)
+        and_, or_, not_ = staticmethod(np.logical_and), staticmethod(np.logical_or), staticmethod(np.logical_not)
 
         @staticmethod
         def groups(*cols: Any) -> tuple[Any, Any]:
-            """(the first row of each distinct row of the integer ``cols``, each row's group): each column as the
-            index of its value among its values, the columns then one integer per row (sorting a 1-D key, not
-            rows)."""
+            """(the first row of each distinct row of the non-negative integer ``cols``, each row's group): the
+            columns as one integer per row (mixed radix), one sort."""
             key = np.zeros(len(cols[0]), dtype=np.int64)
             for col in cols:
-                values, index = np.unique(col, return_inverse=True)
-                key = key * len(values) + index.reshape(-1)
+                top = int(col.max()) + 1 if len(col) else 1
+                if int(key.max(initial=0)) >= 2**62 // top:  # renumber before the key overflows
+                    key = np.unique(key, return_inverse=True)[1].reshape(-1)
+                key = key * top + col
             _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
             return first, inverse.reshape(-1)
 
         @classmethod
         def each(cls, fn: Any, *args: Any) -> Any:
-            *cols, flag = args
-            first, inverse = cls.groups(*cols)
-            return np.array([fn(*(int(c[i]) for c in cols), flag) for i in first.tolist()], dtype=float)[inverse]
+            """``fn`` of each row of the integer columns among ``args`` (the rest passed as they are), called once
+            per distinct row with Python ints (``fn``'s own caches are the scalar path's)."""
+            cols = [i for i, x in enumerate(args) if isinstance(x, np.ndarray)]
+            first, inverse = cls.groups(*(args[i] for i in cols))
+            out = []
+            for row in first.tolist():
+                call = list(args)
+                for i in cols:
+                    call[i] = int(args[i][row])
+                out.append(fn(*call))
+            return np.array(out, dtype=float)[inverse]
 
     return Columns()

@@ -72,6 +72,18 @@ class Layout:
         """ETP x EP x PP: the ranks one expert-mesh replica spans."""
         return self.etp * self.ep * self.pp
 
+    # Predicates a rule may ask instead of reading a size: it then reads less (the layout search keys a rule's
+    # answer by the values it read).
+    @property
+    def virtual_stages(self) -> bool:
+        """Whether a pipeline rank holds several model chunks (VPP set: Megatron's interleaved schedule)."""
+        return self.vpp is not None
+
+    @property
+    def expert_parallel(self) -> bool:
+        """Whether the experts are split over ranks (EP > 1: an all-to-all)."""
+        return self.ep > 1
+
     @property
     def min_gpus(self) -> int:
         return self.pp * math.lcm(self.tp * self.cp, self.ep * self.etp)

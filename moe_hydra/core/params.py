@@ -19,8 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from moe_hydra.core.arch import Arch
+from moe_hydra.core.columns import SCALARS
 from moe_hydra.core.layout import Layout
 from moe_hydra.core.pipeline import RankLayers, assign
 
@@ -105,23 +107,42 @@ class _Counter:
 
     def rank(self, r: RankLayers, pp: int) -> RankParams:
         a = self.a
-        n_moe = (r.mask & a.moe_mask).bit_count()
+        dense, expert = self.counts(StageLayers.of(a, r), pp)
+        return RankParams(r.pp_rank, len(r.layers), dense, expert)
+
+    def counts(self, r: "StageLayers", pp: Any, xp: Any = SCALARS) -> tuple[Any, Any]:
+        """(dense, expert) parameters of a pipeline rank holding ``r``: one rank's numbers, or numpy columns of many
+        (``pp`` then a column too; this counter's (TP, ETP, local experts) the same for every row)."""
+        a = self.a
         dd, de = self.layer(False)
         md, me = self.layer(True) if a.experts else (0, 0)
-        n_dense = len(r.layers) - n_moe
-        dense, expert = n_dense * dd + n_moe * md, n_dense * de + n_moe * me
-        for _ in range(r.mtp):
-            d, e = self.mtp_block()
-            dense, expert = dense + d, expert + e
+        n_dense = r.layers - r.moe
+        d, e = self.mtp_block() if a.mtp else (0, 0)
+        dense, expert = n_dense * dd + r.moe * md + r.mtp * d, n_dense * de + r.moe * me + r.mtp * e
         vocab_shard = a.padded_vocab(self.tp) * a.h // self.tp
-        if r.embedding or r.mtp:  # MTP embeds the shifted tokens with its own copy of the embedding
-            dense += vocab_shard + a.learned_positions * a.h  # position embedding: not sharded
+        # MTP embeds the shifted tokens with its own copy of the embedding
+        dense = dense + xp.where(xp.or_(r.embedding, r.mtp > 0), vocab_shard + a.learned_positions * a.h, 0)
         # The final norm sits with the loss; with MTP, with the last decoder layer instead.
-        if (a.num_layers - 1 in r.layers) if a.mtp else r.loss:
-            dense += a.h * self.norm
-        if r.loss and (a.untied or pp > 1):
-            dense += vocab_shard
-        return RankParams(r.pp_rank, len(r.layers), dense, expert)
+        dense = dense + xp.where(r.last if a.mtp else r.loss, a.h * self.norm, 0)
+        return dense + xp.where(xp.and_(r.loss, a.untied or pp > 1), vocab_shard, 0), expert
+
+
+@dataclass(frozen=True, slots=True)
+class StageLayers:
+    """What the parameter count reads of a pipeline rank (:class:`~moe_hydra.core.pipeline.RankLayers`): its numbers,
+    or columns of many ranks'."""
+
+    layers: Any  # decoder layers held, over all its chunks
+    moe: Any  # of them MoE layers
+    mtp: Any  # MTP blocks
+    embedding: Any
+    loss: Any
+    last: Any  # whether it holds the last decoder layer
+
+    @classmethod
+    def of(cls, a: Arch, r: RankLayers) -> "StageLayers":
+        return cls(len(r.layers), (r.mask & a.moe_mask).bit_count(), r.mtp, r.embedding, r.loss,
+                   a.num_layers - 1 in r.layers)
 
 
 def _whole_model(a: Arch, local_experts: int) -> int:
@@ -152,6 +173,11 @@ def params_per_rank(a: Arch, layout: Layout, split: tuple[RankLayers, ...], *, t
     """
     counter = _counter(a, layout.tp, layout.etp, a.experts // layout.ep if a.experts else 0, te_spec)
     return [counter.rank(s, layout.pp) for s in split]
+
+
+def counter(a: Arch, tp: int, etp: int, ep: int, te_spec: bool) -> _Counter:
+    """The parameter count of one rank of a (TP, ETP, EP) layout (:meth:`_Counter.counts` over its stages)."""
+    return _counter(a, tp, etp, a.experts // ep if a.experts else 0, te_spec)
 
 
 @lru_cache(maxsize=1024)

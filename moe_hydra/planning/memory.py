@@ -91,11 +91,11 @@ Pure: standard library only.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from moe_hydra.core.arch import Arch
-from moe_hydra.core.columns import SCALARS
+from moe_hydra.core.columns import SCALARS, Mesh
 from moe_hydra.core.params import RankParams
 from moe_hydra.core.pipeline import RankLayers
 from moe_hydra.core.resolved import Resolved
@@ -129,14 +129,15 @@ EXCLUDED = ("routing imbalance beyond the capacity factor", "workspaces of kerne
 MIB = 2**20
 
 
-def score_buffer_bytes(r: Resolved) -> float:
+def score_buffer_bytes(r: Resolved, lo: Mesh | None = None) -> Any:
     """Megatron's global memory buffer for unfused attention's raw scores, allocated once and reused by every
-    layer (none with fused attention, and none counted on the CPU preset, like the workspaces)."""
+    layer (none with fused attention, and none counted on the CPU preset, like the workspaces). ``lo``: the
+    layout and batch (``r``'s, or columns of many)."""
     if r.impl.attention == "flash" or r.cfg.hardware.arch == "cpu":
         return 0.0
-    lo, s = r.layout, r.batch.seq_length
+    lo, s = lo or Mesh.of(r), r.batch.seq_length
     e = 4 if r.cfg.precision.params_dtype == "fp32" else 2
-    return r.batch.micro_batch_size * r.arch.heads / lo.tp * (s / lo.cp) * s * e
+    return lo.mbs * r.arch.heads / lo.tp * (s / lo.cp) * s * e
 
 
 def workspace_bytes(arch: str, impl: Any) -> float:
@@ -193,13 +194,15 @@ def grad_bytes(cfg: Any) -> int:
     return DTYPE_BYTES["fp32" if dtype == "fp32" or cfg.optimizer.grad_reduce_in_fp32 else dtype]
 
 
-def layer_terms(r: Resolved, moe: bool) -> dict[str, float]:
-    """Activation bytes of one decoder layer for one micro-batch on one rank, by term."""
-    cfg, lo, a = r.cfg, r.layout, r.arch
-    s, b, tp = r.batch.seq_length, r.batch.micro_batch_size, lo.tp
+def layer_terms(r: Resolved, moe: bool, lo: Mesh | None = None, xp: Any = SCALARS) -> dict[str, Any]:
+    """Activation bytes of one decoder layer for one micro-batch on one rank, by term. ``lo``: the layout and
+    batch (``r``'s, or numpy columns of many: ``xp`` then numpy's operations)."""
+    cfg, a = r.cfg, r.arch
+    lo = lo or Mesh.of(r)
+    s, b, tp = r.batch.seq_length, lo.mbs, lo.tp
     flash = r.impl.attention == "flash"  # fused attention keeps no score matrix; unfused keeps the probabilities
     tokens = s * b / lo.cp
-    rows = tokens / tp if lo.sp else tokens
+    rows = xp.where(lo.sp, tokens / tp, tokens)
     e = 4 if cfg.precision.params_dtype == "fp32" else 2
     q = gemm_input_bytes(cfg.precision, e)
     h = a.h
@@ -323,27 +326,35 @@ class Stages:
 class Estimator:
     """The estimate for one config; :meth:`stages` evaluates it per pipeline stage."""
 
-    def __init__(self, r: Resolved, terms: tuple[dict[str, float], dict[str, float]] | None = None):
-        """``terms``: (dense, MoE) :func:`layer_terms` already computed for this mesh (they do not depend on
-        recompute, offload, VPP or the split, so the layout search computes them once per mesh)."""
-        cfg, lo, a = r.cfg, r.layout, r.arch
-        self.cfg, self.lo, self.a, self.microbatches = cfg, lo, a, r.batch.micro_batches_per_step
-        self.pp, self.vpp = lo.pp, lo.vpp or 1
-        self.terms = terms or (layer_terms(r, False), layer_terms(r, True) if a.experts else {})
-        self.full_dense, self.full_moe, self.dense_layer, self.moe_layer = kept_bytes(self.terms, dropped(cfg.recompute, cfg.offload))
+    def __init__(self, r: Resolved, lo: Mesh | None = None, xp: Any = SCALARS):
+        """``lo``: the layout and batch, ``r``'s; or numpy columns of many (``xp`` numpy's operations), the
+        estimate's numbers then columns too (the layout search's)."""
+        cfg, a = r.cfg, r.arch
+        self.cfg, self.lo, self.a = cfg, r.layout, a
+        lo = lo or Mesh.of(r)
+        self.pp, self.vpp, self.microbatches = lo.pp, lo.vpp, lo.m
+        self.terms = (layer_terms(r, False, lo, xp), layer_terms(r, True, lo, xp) if a.experts else {})
+        self.recompute(cfg.recompute)
         e = 4 if cfg.precision.params_dtype == "fp32" else 2
-        tokens = r.batch.seq_length * r.batch.micro_batch_size / lo.cp
-        rows = tokens / lo.tp if lo.sp else tokens
+        tokens = r.batch.seq_length * lo.mbs / lo.cp
+        rows = xp.where(lo.sp, tokens / lo.tp, tokens)
         self.hidden = rows * a.h * e  # one stored hidden state (full-recompute checkpoint)
         # final norm input + output-layer input + fp32 logits of the vocab-parallel cross-entropy
-        logits = tokens * a.padded_vocab(lo.tp) / lo.tp
+        logits = tokens * xp.each(a.padded_vocab, lo.tp) / lo.tp
         self.loss = 2 * self.hidden + logits * 4
         # the 16-bit logits (forward) or their gradient (backward) beside them; fp32 logits are their own copy
         self.logits_transient = logits * e if e < 4 else 0.0
         self.allowance = allowance(cfg)
         self.torch_adam = r.impl.optimizer == "torch" and cfg.optimizer.optimizer == "adam"
-        self.workspaces = workspace_bytes(cfg.hardware.arch, r.impl) + score_buffer_bytes(r)
+        self.workspaces = workspace_bytes(cfg.hardware.arch, r.impl) + score_buffer_bytes(r, lo)
         self._fixed_allowance = sum(v for k, v in self.allowance.items() if k != "fragmentation")
+
+    def recompute(self, node: Any) -> None:
+        """Estimate with this ``recompute`` node (what it keeps of each layer; the layout search climbs its ladder
+        on one estimator)."""
+        self.cfg = replace(self.cfg, recompute=node)
+        self.full_dense, self.full_moe, self.dense_layer, self.moe_layer = kept_bytes(
+            self.terms, dropped(node, self.cfg.offload))
 
     def static(self, ranks: list[RankParams]) -> list[tuple[float, float, float, float, float]]:
         """(weights, gradients, optimizer, optimizer step, workspaces) bytes per stage; recompute and activations

@@ -9,13 +9,13 @@ one layer each (``account_for_*_in_pipeline_split``); else ``pipeline_model_para
 MTP, E, m and L each taking a layer's slot (``Et|(tt|)*30mL``, DeepSeek-V3 on PP8 x VPP4), and the uneven kinds
 (``Etttt|(tttt|)*14tmL`` on PP4 x VPP4, ``Et|(tt|)*30L`` for Kimi-K2 on PP16 x VPP2). Every candidate is
 a config (the base config with the candidate's fields), resolved by the same constructor as ``stage=plan``
-(:func:`moe_hydra.core.resolved.resolve`), then checked by the same rules and estimates as
-:func:`moe_hydra.planning.plan.assess`, evaluated as columns (:meth:`Search.evaluate_all`): the candidates are
-numpy columns, one row each; a kind of rule runs once per distinct value of the columns it reads, on one such
-candidate's resolved plan, the parameter counts once per distinct (TP, ETP, EP, PP, VPP, split); memory and step
-time are :mod:`~moe_hydra.planning.memory`'s and :mod:`~moe_hydra.planning.step_model`'s own formulas on the
-columns (:mod:`moe_hydra.core.columns`), every recompute rung and communication setting at once. The global batch stays fixed
-across candidates (the contract).
+(:func:`moe_hydra.core.resolved.resolve`) and checked by the same rules and estimates as
+:func:`moe_hydra.planning.plan.assess`, evaluated as columns (:meth:`Search.evaluate_all`, one row a candidate):
+each rule runs on a candidate's resolved plan and its answer holds for every candidate with the same values where
+it read; the pipeline split is derived once per (PP, VPP, split); parameters, memory and step time are
+:mod:`~moe_hydra.core.params`', :mod:`~moe_hydra.planning.memory`'s and :mod:`~moe_hydra.planning.step_model`'s own
+formulas on the columns (:mod:`moe_hydra.core.columns`), every recompute rung and communication setting at once.
+The global batch stays fixed across candidates (the contract).
 
 **Fit.** The least recompute that fits (none -> the selective module lists -> full, the workflow's order; the
 lists by the step model's cost of what they re-run, :func:`recompute_ladder`) is kept
@@ -44,21 +44,21 @@ Pure: standard library, and numpy for the columns (imported when a search runs).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 from moe_hydra.core import calibrated_step, overrides, params
 from moe_hydra.core.arch import Arch
+from moe_hydra.core.columns import Mesh
 from moe_hydra.core.layout import Layout
 from moe_hydra.core.resolved import Resolved, rank_layers, resolve
 from moe_hydra.core.versions import McoreFacts, mcore_facts
 from moe_hydra.planning import memory, plan, rules, step_model, step_time
-from moe_hydra.planning.rules.base import VARIED, Ctx, _divisors, reads
+from moe_hydra.planning.rules.base import VARIED, _divisors, check_reading
 from moe_hydra.planning.step_model import TERMS, StepModel
 
 RECOMPUTE_LEVELS = ("none", "selective", "full")
@@ -76,8 +76,9 @@ OVERRIDES_FOR = 100  # ranked candidates whose layouts.json row carries its comm
 CP_FROM_SEQ = 8192  # docs/workflow.md: CP once the sequence makes attention memory dominant (>= 8K)
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
+class Candidate(NamedTuple):
+    """One layout the search evaluates (a named tuple: a search makes a few hundred thousand)."""
+
     tp: int
     cp: int
     pp: int
@@ -232,7 +233,7 @@ class Comm:
 @dataclass(slots=True)
 class Result:
     candidate: Candidate
-    layout: Layout  # as the candidate's config resolved
+    world: int
     violations: list[str]
     recompute: str | None = None  # the least recompute that fits
     memory_gib: float | None = None
@@ -244,6 +245,11 @@ class Result:
     # with hardware.calibration: whether the terms are the calibration's (True) or the priors' (False: it does not
     # hold for this layout); None without one
     calibrated: bool | None = None
+
+    @property
+    def layout(self) -> Layout:
+        """The layout the candidate's config resolves to (built when asked: a search has a few hundred thousand)."""
+        return self.candidate.layout(self.world)
 
     @property
     def legal(self) -> bool:
@@ -406,11 +412,10 @@ class Search:
 
     def evaluate_all(self, candidates: list[Candidate]) -> list[Result]:
         """Rules, counts, the least recompute that fits, and the step-time terms (with the fastest communication
-        setting that is legal and fits) of each candidate, as numpy columns, one row per candidate. What a rule or
-        a count reads of a candidate is a few of its columns: each runs once per distinct value of those
-        (:class:`_Columns`), on the candidate's resolved plan, and its answer is spread over the rows; memory and
-        step time are :mod:`moe_hydra.planning.memory`'s and :mod:`moe_hydra.planning.step_model`'s own formulas
-        evaluated on the columns (:mod:`moe_hydra.core.columns`)."""
+        setting that is legal and fits) of each candidate, as numpy columns, one row per candidate
+        (:class:`_Columns`): a rule runs once per distinct value of what it read (the rows alike there share its
+        answer); parameters, memory and step time are the single-plan formulas evaluated on the columns
+        (:mod:`moe_hydra.core.columns`), so a row equals what ``plan.assess`` gives its candidate, bit for bit."""
         import numpy as np
 
         t = _Columns(self, candidates)
@@ -418,15 +423,15 @@ class Search:
         alive = np.arange(len(candidates))
         if self.cap is not None:  # weights + gradients of an average rank: a lower bound on the most loaded one
             floor = self.state_bytes * (self.dense_total / (t.tp * t.pp) + self.expert_total / (t.ep * t.etp * t.pp))
-            for i in np.flatnonzero(floor > self.cap_bytes):  # not resolved: its layout is what the candidate sets
-                c = candidates[i]
-                results[i] = Result(c, c.layout(self.world), [], None, floor[i] / memory.GIB, False, pruned=True)
+            pruned = np.flatnonzero(floor > self.cap_bytes)
+            for i, gib in zip(pruned.tolist(), (floor[pruned] / memory.GIB).tolist()):  # not resolved
+                results[i] = Result(candidates[i], self.world, [], None, gib, False, pruned=True)
             alive = np.flatnonzero(floor <= self.cap_bytes)
         combo, combos = t.violations(alive, self.candidate_rules)
         messages = [[f"[{v.rule}] {v.message}" for v in (*self.fixed_violations, *found)] for found in combos]
         illegal = np.array([bool(m) for m in messages], dtype=bool)[combo] if len(alive) else np.zeros(0, dtype=bool)
         for i, k in zip(alive[illegal].tolist(), combo[illegal].tolist()):
-            results[i] = Result(candidates[i], t.layout(i), messages[k])
+            results[i] = Result(candidates[i], self.world, messages[k])
         legal = alive[~illegal].tolist()
         if legal:
             for i, res in zip(legal, t.assess(np.array(legal))):
@@ -452,12 +457,6 @@ class Search:
         (:func:`~moe_hydra.core.resolved.rank_layers`, as :func:`resolve` derives them; the rules have passed it)."""
         lo = c.layout(self.world)
         return lo, rank_layers(self.arch, lo, type(self.cfg.parallel)(**{**self._parallel_kw, **c.fields()}))
-
-    def _estimator(self, c: Candidate) -> memory.Estimator:
-        """The memory estimator of a candidate's plan at the configured recompute level."""
-        r = self.resolved(c)
-        return memory.Estimator(r, terms=(memory.layer_terms(r, False),
-                                          memory.layer_terms(r, True) if self.arch.experts else {}))
 
     # ------------------------------------------------------------------ the whole search
 
@@ -532,12 +531,13 @@ class _Columns:
     """A search's candidates as numpy columns (one row each) and what :meth:`Search.evaluate_all` derives from them."""
 
     # Each path into a candidate's plan that a rule may read and the search varies, as the columns that decide its
-    # value (a rule's answer is cached by the values it read: rules.base.reads); CONSTANT: the varied paths every
-    # candidate of a search shares; the settings' paths (a recompute rung's, a communication setting's) are keyed
-    # by their values.
+    # value (a rule's answer is cached by the values it read: rules.base.check_reading); CONSTANT: the varied paths
+    # every candidate of a search shares; the settings' paths (a recompute rung's, a communication setting's) are
+    # keyed by their values.
     PATH_COLUMNS = {
         "layout.tp": ("tp",), "layout.cp": ("cp",), "layout.pp": ("pp",), "layout.ep": ("ep",), "layout.etp": ("etp",),
         "layout.sp": ("sp",), "layout.dp": ("dp",), "layout.edp": ("edp",), "layout.vpp": ("vpp",),
+        "layout.virtual_stages": ("virtual_stages",), "layout.expert_parallel": ("expert_parallel",),
         "layout.attention_model_size": ("attention",), "layout.expert_model_size": ("expert",),
         "cfg.parallel.tensor_model_parallel_size": ("tp",), "cfg.parallel.context_parallel_size": ("cp",),
         "cfg.parallel.pipeline_model_parallel_size": ("pp",), "cfg.parallel.expert_model_parallel_size": ("ep",),
@@ -547,15 +547,14 @@ class _Columns:
         "cfg.parallel.account_for_embedding_in_pipeline_split": ("split",),
         "cfg.parallel.account_for_loss_in_pipeline_split": ("split",),
         "split": ("pp", "vpp", "split"),
-        "batch.micro_batch_size": ("mbs",), "cfg.train.micro_batch_size": ("mbs",), "batch.micro_batches_per_step": ("m",),
+        "batch.micro_batch_size": ("mbs",), "cfg.train.micro_batch_size": ("mbs",),
+        "batch.micro_batches_per_step": ("m",),
     }
     CONSTANT = ("layout.world_size", "batch.global_batch_size", "batch.seq_length", "batch.tokens_per_step",
                 "cfg.train.global_batch_size", "cfg.parallel.cp_comm_type",
                 "cfg.parallel.hierarchical_context_parallel_sizes", "cfg.parallel.use_tp_pp_dp_mapping",
                 "cfg.parallel.num_layers_in_first_pipeline_stage", "cfg.parallel.num_layers_in_last_pipeline_stage")
     SETTINGS = ("cfg.recompute.", "cfg.dispatcher.", "cfg.overlap.")
-    RANK_COLUMNS = ("tp", "etp", "ep", "pp", "vpp", "split")  # the parameters per rank and the stages' layers
-    TERM_COLUMNS = ("tp", "cp", "etp", "ep", "mbs")  # memory.layer_terms' (SP follows TP in a search)
 
     def __init__(self, s: Search, candidates: list[Candidate]):
         import numpy as np
@@ -564,25 +563,23 @@ class _Columns:
 
         self.s, self.candidates, self.np, self.np_ops = s, candidates, np, numpy_ops()
         n = len(candidates)
-
-        def column(get: Any) -> Any:
-            return np.fromiter(map(get, candidates), dtype=np.int64, count=n)
-
-        self.tp, self.cp, self.pp, self.ep, self.etp, self.mbs = (column(attrgetter(f)) for f in (
-            "tp", "cp", "pp", "ep", "etp", "mbs"))
-        self.vpp = column(lambda c: c.vpp or 1)
+        tp, cp, pp, vpp, ep, etp, mbs, split = zip(*candidates) if n else ((),) * len(Candidate._fields)
+        self.tp, self.cp, self.pp, self.ep, self.etp, self.mbs = (np.array(x, dtype=np.int64).reshape(-1) for x in (
+            tp, cp, pp, ep, etp, mbs))
+        self.vpp = np.array([v or 1 for v in vpp], dtype=np.int64).reshape(-1)
         splits: dict[str, int] = {}
-        self.split = column(lambda c: splits.setdefault(c.split, len(splits)))
+        self.split = np.array([splits.setdefault(x, len(splits)) for x in split], dtype=np.int64).reshape(-1)
         self.sp = (self.tp > 1).astype(np.int64)  # sequence parallelism whenever TP > 1
-        self.attention, self.expert = self.tp * self.cp * self.pp, self.ep * self.etp * self.pp  # the meshes' model sizes
+        self.virtual_stages, self.expert_parallel = (self.vpp > 1).astype(np.int64), (self.ep > 1).astype(np.int64)
+        self.attention, self.expert = self.tp * self.cp * self.pp, self.ep * self.etp * self.pp  # model-parallel sizes
         self.dp, self.edp = s.world // self.attention, s.world // self.expert
         self.m = s.cfg.train.global_batch_size // (self.mbs * self.dp)
-        self._traces: dict[Any, dict[tuple, dict]] = {}  # rule -> the paths it read -> their columns' values -> found
+        self._traces: dict[Any, dict[frozenset, dict]] = {}  # rule -> paths it read -> their columns' values -> found
         self._found: list[list] = []  # the distinct answers of the rules (violation lists)
         self._found_index: dict[tuple, int] = {}
         self._parts: dict[tuple, tuple] = {}
         self._coded: dict[str, tuple] = {}
-        self._layouts: dict[tuple, Layout] = {}
+        self._resolved = np.zeros(n, dtype=bool)  # the candidates whose plans the rules have read
 
     def groups(self, names: tuple[str, ...], rows: Any) -> tuple[Any, Any]:
         """(the first of ``rows`` with each distinct value of the columns ``names``, each row's group)."""
@@ -603,14 +600,9 @@ class _Columns:
             self._coded[name] = (codes.reshape(-1), len(values))
         return self._coded[name]
 
-    def layout(self, i: int) -> Layout:
-        """Candidate ``i``'s layout (one object per distinct layout)."""
-        c = self.candidates[i]
-        key = (c.tp, c.cp, c.pp, c.vpp, c.ep, c.etp)
-        lo = self._layouts.get(key)
-        if lo is None:
-            lo = self._layouts[key] = c.layout(self.s.world)
-        return lo
+    def mesh(self, rows: Any) -> Mesh:
+        """The layout and batch columns of ``rows`` (what the memory estimate and the step model read)."""
+        return Mesh(*(getattr(self, f)[rows] for f in ("tp", "cp", "pp", "vpp", "ep", "etp", "sp", "mbs", "m")))
 
     def violations(self, rows: Any, which: list, level: str | None = None,
                    comm: Comm | None = None) -> tuple[Any, list[list]]:
@@ -639,8 +631,8 @@ class _Columns:
 
     def rule_found(self, rows: Any, rule: Any, level: str | None, comm: Comm | None) -> Any:
         """Each row's answer of one rule at a recompute level and communication setting, as an index into the
-        distinct answers. A rule runs on a candidate's plan, recording the paths it read (rules.base.reads); any
-        other candidate with the same values there gets the same answer (the values compared as the columns that
+        distinct answers. A rule runs on a candidate's plan, recording the paths it read
+        (:func:`~moe_hydra.planning.rules.base.check_reading`); any other candidate with the same values there gets the same answer (the values compared as the columns that
         decide them, :data:`PATH_COLUMNS`); the rows no recorded read decides run the rule again."""
         np, s = self.np, self.s
         level, comm = s._varied(level, comm)
@@ -648,7 +640,7 @@ class _Columns:
         out = np.full(len(rows), -1, dtype=np.int64)
         todo = np.arange(len(rows))
         while len(todo):
-            reps = todo[:1]
+            reps = rows[todo[:1]]  # without a trace yet: the first row
             for paths, table in traces.items():
                 cols, const = self._key_parts(paths, level, comm)
                 first, group = self.groups(cols, rows[todo])
@@ -658,18 +650,22 @@ class _Columns:
                 missed = hit[group] < 0
                 if not missed.any():
                     return out
+                # one row of each value no trace decides, one whose plan is resolved already where there is one
+                cand = rows[todo]
+                order = np.lexsort((~self._resolved[cand], group))
+                firsts = order[np.r_[True, group[order][1:] != group[order][:-1]]]
+                reps = cand[firsts[hit[group[firsts]] < 0]]
                 todo = todo[missed]
-                reps = first[np.flatnonzero(hit < 0)]  # (as rows of the columns)
-            for i in (rows[reps] if not traces else reps).tolist():
+            for i in reps.tolist():
                 self._trace(rule, i, level, comm)
         return out
 
     def _trace(self, rule: Any, i: int, level: str | None, comm: Comm | None) -> None:
         """Run ``rule`` on candidate ``i``'s plan; record what it found under the values it read."""
         s = self.s
-        r = s.resolved(self.candidates[i], level, comm)
-        found = list(rule(Ctx(r, s.mcore)))
-        paths = tuple(sorted(p for p in reads(rule, r, s.mcore) if p.startswith(VARIED)))
+        found, read = check_reading(rule, s.resolved(self.candidates[i], level, comm), s.mcore)
+        self._resolved[i] = True
+        paths = frozenset(read)
         cols, const = self._key_parts(paths, level, comm)
         key = (*const, *(int(getattr(self, n)[i]) for n in cols))
         index = self._found_index.setdefault(tuple((v.rule, v.message) for v in found), len(self._found))
@@ -677,19 +673,20 @@ class _Columns:
             self._found.append(found)
         self._traces[rule].setdefault(paths, {})[key] = index
 
-    def _key_parts(self, paths: tuple[str, ...], level: str | None, comm: Comm | None) -> tuple[tuple, tuple]:
+    def _key_parts(self, paths: frozenset[str], level: str | None, comm: Comm | None) -> tuple[tuple, tuple]:
         """(the columns that decide the values at ``paths``, the values of the settings' paths among them)."""
         key = (paths, level, comm)
         if key not in self._parts:
             cols, const = [], []
             at = self.s.base.with_settings(**self.s._settings(level, comm))
-            for p in paths:
+            for p in sorted(paths):
                 if p in self.PATH_COLUMNS:
                     cols += self.PATH_COLUMNS[p]
                 elif p.startswith(self.SETTINGS):
                     value = attrgetter(p)(at)
                     const.append(tuple(value) if isinstance(value, list) else value)
-                elif p not in self.CONSTANT:
+                elif p not in self.CONSTANT and (not p or p.startswith(VARIED)
+                                                 or any(v.startswith(f"{p}.") for v in VARIED)):  # or a node above
                     raise RuntimeError(f"a rule read {p}, which the layout search varies and cannot key its answers by: "
                                        "name the columns that decide it in search._Columns.PATH_COLUMNS")
             self._parts[key] = (tuple(dict.fromkeys(cols)), tuple(const))
@@ -702,61 +699,59 @@ class _Columns:
 
         np, s, xp = self.np, self.s, numpy_ops()
         n = len(rows)
-        # the stages: one row per pipeline rank of each candidate (its parameters, layers; the ranks that can hold
-        # the peak), from the candidate's resolved plan, once per distinct (TP, ETP, EP, PP, VPP, split)
-        first, group = self.groups(self.RANK_COLUMNS, rows)
-        per_group = []
+        # the stages: one row per pipeline rank of each candidate: what it holds (once per distinct PP, VPP and split:
+        # rank_layers, as resolve derives it) and its parameters (params' own count on the columns, once per
+        # distinct TP, ETP, EP)
+        first, group = self.groups(("pp", "vpp", "split"), rows)
+        splits = []
         for i in first.tolist():
-            lo, split = s._split(self.candidates[i])
-            ranks, peak_stages, worst = s._counts(lo, split)
-            peak = set(peak_stages)
-            st = [(x.pp_rank, len(x.layers), (x.mask & s.arch.moe_mask).bit_count(), x.mtp, x.loss, p.total, p.dense,
-                   p.expert, j in peak) for j, (x, p) in enumerate(zip(split, ranks))]
-            per_group.append((np.array(st, dtype=np.int64).reshape(-1, 9), worst.dense, worst.expert))
-        counts = np.array([len(g[0]) for g in per_group])[group]
+            _, split = s._split(self.candidates[i])
+            splits.append(np.array([(x.pp_rank, *dataclasses.astuple(params.StageLayers.of(s.arch, x)))
+                                    for x in split], dtype=np.int64).reshape(-1, 7))
+        sizes = np.array([len(x) for x in splits])
+        counts = sizes[group]
         owner = np.repeat(np.arange(n), counts)  # each stage row's candidate (index into rows)
-        table = np.concatenate([per_group[g][0] for g in group.tolist()]) if n else np.zeros((0, 9), np.int64)
-        stages = memory.Stages(table[:, 0], table[:, 1], table[:, 2], table[:, 3], table[:, 4].astype(bool))
-        total, dense, expert, is_peak = table[:, 5], table[:, 6], table[:, 7], table[:, 8].astype(bool)
-        worst_dense = np.array([per_group[g][1] for g in group.tolist()], dtype=np.int64)
-        worst_expert = np.array([per_group[g][2] for g in group.tolist()], dtype=np.int64)
+        ends = np.cumsum(counts)
+        # each stage row's row of its split's table: the split's offset + the rank's index within the candidate
+        index = np.repeat(np.cumsum(sizes)[group] - sizes[group] - (ends - counts), counts) + np.arange(ends[-1])
+        table = np.concatenate(splits)[index]
+        held = params.StageLayers(*table[:, 1:6].T, table[:, 6].astype(bool))
+        held = dataclasses.replace(held, embedding=held.embedding.astype(bool), loss=held.loss.astype(bool))
         at = rows[owner]  # the stage rows' candidates, as rows of the columns
+        dense, expert = np.zeros(len(owner), dtype=np.int64), np.zeros(len(owner), dtype=np.int64)
+        first_c, group_c = self.groups(("tp", "etp", "ep"), at)
+        order = np.argsort(group_c, kind="stable")
+        for i, ours in zip(first_c.tolist(), np.split(order, np.flatnonzero(np.diff(group_c[order])) + 1)):
+            counter = params.counter(s.arch, int(self.tp[i]), int(self.etp[i]), int(self.ep[i]), s.impl.te)
+            sub = params.StageLayers(*(getattr(held, f.name)[ours] for f in dataclasses.fields(held)))
+            dense[ours], expert[ours] = counter.counts(sub, self.pp[at][ours], xp)
+        total = dense + expert
+        stages = memory.Stages(table[:, 0], held.layers, held.moe, held.mtp, held.loss)
+        # the ranks that can hold the peak (memory.peak_candidates): the first of those alike in layers and parameters
+        is_peak = np.zeros(len(owner), dtype=bool)
+        is_peak[self.np_ops.groups(owner, held.layers, held.moe, held.loss, held.mtp, total)[0]] = True
+        # the most loaded rank (the first with the most parameters)
+        most = np.zeros(n, dtype=np.int64)
+        np.maximum.at(most, owner, total)
+        heaviest = np.flatnonzero(total == most[owner])
+        heaviest = heaviest[np.unique(owner[heaviest], return_index=True)[1]]
+        worst_dense, worst_expert = dense[heaviest], expert[heaviest]
 
-        # the per-layer activation bytes and workspaces, once per distinct (TP, CP, ETP, EP, micro batch)
-        first_t, group_t = self.groups(self.TERM_COLUMNS, rows)
-        ests = [s._estimator(self.candidates[i]) for i in first_t.tolist()]
-        base = ests[0] if ests else None
-
-        def per_mesh(values: list) -> Any:
-            return np.array(values, dtype=float)[group_t][owner]
-
-        # states per stage row (the base level's estimator: recompute changes none of them)
-        shards = base.shards(self.dp[at], self.cp[at], self.edp[at], xp) if n else (1, 1)
-        static = base.states(total, dense, expert, *shards, per_mesh([e.workspaces for e in ests])) if n else ()
+        # the memory estimate of every stage row (its numbers columns), at each rung of the recompute ladder
+        est = memory.Estimator(s.base, self.mesh(at), xp)
+        static = est.states(total, dense, expert, *est.shards(self.dp[at], self.cp[at], self.edp[at], xp))
         states_alone = np.zeros(n)
-        if n:
-            np.maximum.at(states_alone, owner, static[0] + static[1] + static[2] + static[4])
+        np.maximum.at(states_alone, owner, static[0] + static[1] + static[2] + static[4])
         peak_rows = np.flatnonzero(is_peak)
-        starts = np.flatnonzero(np.r_[True, owner[peak_rows][1:] != owner[peak_rows][:-1]]) if n else peak_rows
-        # the activation terms of a dense and a MoE layer, a column each (a term a mesh lacks adds 0.0: the same sum)
-        terms = tuple({k: per_mesh([e.terms[part].get(k, 0.0) for e in ests])[peak_rows]
-                       for k in dict.fromkeys(k for e in ests for k in e.terms[part])} for part in (0, 1))
-        sub = memory.Stages(*(getattr(stages, f)[peak_rows] for f in ("pp_rank", "layers", "moe", "mtp", "loss")))
+        starts = np.flatnonzero(np.r_[True, owner[peak_rows][1:] != owner[peak_rows][:-1]])
         peaks = {}
         for level, node in s.recompute.items():
-            est = copy.copy(base)
-            est.cfg = dataclasses.replace(s.cfg, recompute=node)
-            est.full_dense, est.full_moe, est.dense_layer, est.moe_layer = memory.kept_bytes(
-                terms, memory.dropped(node, s.cfg.offload))
-            est.hidden, est.loss, est.logits_transient = (per_mesh([getattr(e, a) for e in ests])[peak_rows]
-                                                          for a in ("hidden", "loss", "logits_transient"))
-            est.pp, est.vpp, est.microbatches = self.pp[at][peak_rows], self.vpp[at][peak_rows], self.m[at][peak_rows]
-            act, _, next_layer = est.activations(sub, False, xp)
-            st = tuple(x[peak_rows] if isinstance(x, np.ndarray) else x for x in static)
+            est.recompute(node)
+            act, _, next_layer = est.activations(stages, False, xp)
             both = []
-            for held in (act, act + next_layer):
-                e = memory._estimated(st, held, xp)
-                both.append(np.maximum.reduceat(e + est.allowance_total(e), starts) / memory.GIB)
+            for kept in (act, act + next_layer):
+                e = memory._estimated(static, kept, xp)
+                both.append(np.maximum.reduceat((e + est.allowance_total(e))[peak_rows], starts) / memory.GIB)
             peaks[level] = both
         return self._choose(rows, peaks, states_alone, worst_dense, worst_expert)
 
@@ -779,51 +774,49 @@ class _Columns:
             fits[here] = peak[here] <= cap
             todo[here & fits] = False
             todo[here & (states_alone / memory.GIB > cap)] = False  # the states alone: no recompute helps
-        mesh = step_model.Mesh(*(getattr(self, f)[rows] for f in ("tp", "cp", "pp", "vpp", "ep", "etp")),
-                               self.tp[rows] > 1, self.mbs[rows], self.m[rows])
-        steps: dict[tuple, Any] = {}
+        def step(k: int, li: int, idx: Any) -> tuple:
+            """The terms of rows ``idx`` with setting ``k`` at rung ``li``."""
+            c = s.comms[k]
+            return s.model.columns(self.mesh(rows[idx]), worst_dense[idx], worst_expert[idx], s.recompute[levels[li]],
+                                   c.flex, c.ep_overlap)
 
-        def step(comm: int, li: int) -> Any:
-            if (comm, li) not in steps:
-                c = s.comms[comm]
-                steps[comm, li] = s.model.columns(mesh, worst_dense, worst_expert, s.recompute[levels[li]], c.flex,
-                                                  c.ep_overlap)
-            return steps[comm, li]
-
-        comm = np.zeros(n, dtype=np.int64)
+        comm, start = np.zeros(n, dtype=np.int64), level.copy()  # each setting climbs from the primary's rung
         if len(s.comms) > 1 and n:
-            best_step = np.choose(level, [step(0, li)[-1] for li in range(len(levels))])
+            best_step = np.zeros(n)
+            for li in np.unique(level).tolist():
+                idx = np.flatnonzero(level == li)
+                best_step[idx] = step(0, li, idx)[-1]
             open_ = fits if cap is not None else np.ones(n, dtype=bool)
             for k, c in enumerate(s.comms[1:], 1):
                 # no all-to-all: the model gives a flex dispatcher the same time, a rule refuses overlap (L65)
                 active = open_ & ~((self.ep[rows] == 1) & (c.flex or c.ep_overlap))
                 for li, name in enumerate(levels):
-                    here = active & (level <= li)
-                    if not here.any():
+                    here = np.flatnonzero(active & (start <= li))
+                    if not len(here):
                         continue
-                    st = step(k, li)[-1]
-                    slower = here & (st >= best_step)  # more recompute only adds time
-                    active &= ~slower
-                    go = np.flatnonzero(here & ~slower)
+                    st = step(k, li, here)[-1]
+                    slower = st >= best_step[here]  # more recompute only adds time
+                    active[here[slower]] = False
+                    go, st = here[~slower], st[~slower]
                     if not len(go):
                         continue
                     ok = ~self.refused(rows[go], name) & self.comm_legal(rows[go], name, c)
-                    go = go[ok]
+                    go, st = go[ok], st[ok]
                     peak_c = peaks[name][c.ep_overlap][go] + s.flex_gib * (c.flex - primary.flex)
                     if cap is not None:
-                        go, peak_c = go[peak_c <= cap], peak_c[peak_c <= cap]
-                    comm[go], level[go], peak[go], best_step[go] = k, li, peak_c, st[go]
+                        go, st, peak_c = go[peak_c <= cap], st[peak_c <= cap], peak_c[peak_c <= cap]
+                    comm[go], level[go], peak[go], best_step[go] = k, li, peak_c, st
                     active[go] = False
-        out = []
-        terms = {}
+        terms = np.zeros((n, len(TERMS) + 1))
         for k in np.unique(comm).tolist() if n else ():
             for li in np.unique(level[comm == k]).tolist():
-                terms[k, li] = np.stack(step(k, li), axis=1)
-        for j, i in enumerate(rows.tolist()):
-            k, li = int(comm[j]), int(level[j])
-            out.append(Result(self.candidates[i], self.layout(i), [], levels[li], float(peak[j]),
-                              None if cap is None else bool(fits[j]),
-                              dict(zip((*TERMS, "step"), terms[k, li][j].tolist())), comm=s.comms[k]))
+                idx = np.flatnonzero((comm == k) & (level == li))
+                terms[idx] = np.stack(step(k, li, idx), axis=1)
+        names, fit = (*TERMS, "step"), [None] * n if cap is None else fits.tolist()
+        out = []
+        for i, k, li, p, f, t in zip(rows.tolist(), comm.tolist(), level.tolist(), peak.tolist(), fit, terms.tolist()):
+            out.append(Result(self.candidates[i], s.world, [], levels[li], p, f, dict(zip(names, t)),
+                              comm=s.comms[k]))
         return out
 
 

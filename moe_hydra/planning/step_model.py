@@ -80,11 +80,10 @@ Pure: standard library only.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 from moe_hydra.core import flops, metrics, step_model_fit
-from moe_hydra.core.columns import SCALARS, numpy_ops
+from moe_hydra.core.columns import SCALARS, Mesh, numpy_ops
 from moe_hydra.core.arch import Arch
 from moe_hydra.core.resolved import Resolved
 from moe_hydra.planning.memory import grad_bytes, weight_bytes
@@ -299,14 +298,14 @@ class StepModel:
         return self._terms(Mesh.of(r), dense_params, expert_params, self.recompute_factors(recompute), flex,
                            ep_overlap, SCALARS)[-1]
 
-    def columns(self, mesh: "Mesh", dense_params: Any, expert_params: Any, recompute: Any, flex: bool = False,
+    def columns(self, mesh: Mesh, dense_params: Any, expert_params: Any, recompute: Any, flex: bool = False,
                 ep_overlap: bool = False) -> tuple[Any, ...]:
         """The terms of :data:`TERMS` and the step, each a numpy column: one row per layout of ``mesh``'s columns
         (the layout search's candidates), the same numbers :meth:`terms` gives each."""
         return self._terms(mesh, dense_params, expert_params, self.recompute_factors(recompute), flex, ep_overlap,
                            numpy_ops())
 
-    def _terms(self, lo: "Mesh", dense_params: Any, expert_params: Any, factors: tuple[float, ...], flex: bool,
+    def _terms(self, lo: Mesh, dense_params: Any, expert_params: Any, factors: tuple[float, ...], flex: bool,
                ep_overlap: bool, xp: Any) -> tuple[Any, ...]:
         """The terms and the step of one layout (``xp`` :data:`SCALARS`) or of columns of them (numpy's)."""
         a, k, world, domain, nvl, out = self.arch, self.k, self.world, self.domain, self.nvlink, self.scaleout
@@ -369,27 +368,6 @@ class StepModel:
         nodes = group // per_node
         return xp.where(group > 1, (per_node - 1) / per_node / self.nvlink
                         + (nodes - 1) / nodes / per_node / self.scaleout, 0.0)
-
-
-@dataclass(frozen=True, slots=True)
-class Mesh:
-    """What the step model reads of a layout and batch: one layout's numbers, or numpy columns of many (the layout
-    search's candidates, one row each). ``vpp`` is 1 without virtual stages; ``m`` the micro-batches per step."""
-
-    tp: Any
-    cp: Any
-    pp: Any
-    vpp: Any
-    ep: Any
-    etp: Any
-    sp: Any
-    mbs: Any
-    m: Any
-
-    @classmethod
-    def of(cls, r: Resolved) -> "Mesh":
-        lo, b = r.layout, r.batch
-        return cls(lo.tp, lo.cp, lo.pp, lo.vpp or 1, lo.ep, lo.etp, lo.sp, b.micro_batch_size, b.micro_batches_per_step)
 
 
 _STREAMED = 2 * 3  # HBM bytes per bf16 activation element a kernel reads or writes, forward + backward

@@ -6,7 +6,6 @@ Pure: standard library only (the GPU presets a fix names are read from ``conf/ha
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 
@@ -73,7 +72,8 @@ RULES: list[Rule] = []
 
 
 # What each kind of rule may read of what the layout search varies, as paths into the resolved plan (the search
-# runs the fixed kind once, the others per candidate, each rule cached by the values it read: :func:`reads`);
+# runs the fixed kind once, the others per candidate, each rule cached by the values it read:
+# :func:`check_reading`);
 # tests/test_rules.py runs every rule under a :class:`Recorder` and fails when a rule reads a varied path its kind
 # does not list.
 _LAYOUT = ("layout.world_size", "layout.tp", "layout.cp", "layout.pp", "layout.ep", "layout.etp", "layout.sp",
@@ -82,7 +82,7 @@ _MESH = tuple(f"cfg.parallel.{f}" for f in (
     "tensor_model_parallel_size", "context_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
     "expert_tensor_parallel_size", "sequence_parallel", "cp_comm_type", "hierarchical_context_parallel_sizes",
     "use_tp_pp_dp_mapping"))
-_SPLIT = ("layout.vpp", *(f"cfg.parallel.{f}" for f in (
+_SPLIT = ("layout.vpp", "layout.virtual_stages", *(f"cfg.parallel.{f}" for f in (
     "virtual_pipeline_model_parallel_size", "pipeline_model_parallel_layout", "num_layers_in_first_pipeline_stage",
     "num_layers_in_last_pipeline_stage", "account_for_embedding_in_pipeline_split",
     "account_for_loss_in_pipeline_split")))
@@ -97,7 +97,7 @@ READS = {
     "fixed": (),
     "mesh": (*_LAYOUT, *_MESH, *_BATCH),
     "pipeline": ("layout.world_size", "layout.pp", "layout.dp", *_SPLIT, *_BATCH),
-    "recompute": ("layout.pp", "layout.ep", *_SPLIT, *_RECOMPUTE),
+    "recompute": ("layout.pp", "layout.ep", "layout.expert_parallel", *_SPLIT, *_RECOMPUTE),
 }
 # What the layout search varies between candidates: everything a candidate, its recompute level or its
 # communication setting changes (the fixed kind reads none of it).
@@ -112,7 +112,8 @@ def comm_reads(kind: str) -> tuple[str, ...]:
 
 class Recorder:
     """Stands in for a resolved plan (and any node below it): records the dotted path of every value read that is
-    not itself a node (what :func:`reads` reports)."""
+    not itself a node, and of a node used whole (compared, hashed, formatted, iterated: it reads all of it), the
+    node's own path (what :func:`check_reading` reports)."""
 
     def __init__(self, obj: object, path: str, seen: set[str]):
         self._obj, self._path, self._seen = obj, path, seen
@@ -120,18 +121,41 @@ class Recorder:
     def __getattr__(self, name: str):
         value = getattr(self._obj, name)
         path = f"{self._path}.{name}" if self._path else name
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            return Recorder(value, path, self._seen)
-        self._seen.add(path)
+        if hasattr(type(value), "__dataclass_fields__"):  # a node (the same Recorder each time)
+            value = Recorder(value, path, self._seen)
+        else:
+            self._seen.add(path)
+        self.__dict__[name] = value  # recorded once: the plan is not changed while a rule reads it
         return value
 
+    def _whole(self) -> object:
+        self._seen.add(self._path)
+        return self._obj
 
-def reads(rule: Rule, r: Resolved, mcore: McoreFacts) -> set[str]:
-    """The paths into ``r`` whose values ``rule`` read when checking it: the rule gives the same answer for any
-    plan with the same values there (it reads nothing else of the plan)."""
+    def __eq__(self, other: object) -> bool:
+        return self._whole() == (other._whole() if isinstance(other, Recorder) else other)
+
+    def __hash__(self) -> int:
+        return hash(self._whole())
+
+    def __str__(self) -> str:
+        return str(self._whole())
+
+    def __repr__(self) -> str:
+        return repr(self._whole())
+
+    def __format__(self, spec: str) -> str:
+        return format(self._whole(), spec)
+
+    def __iter__(self):
+        return iter(self._whole())  # type: ignore[call-overload]
+
+
+def check_reading(rule: Rule, r: Resolved, mcore: McoreFacts) -> tuple[list[Violation], set[str]]:
+    """(``rule``'s violations of ``r``, the paths into ``r`` whose values it read): the rule gives the same answer for
+    any plan with the same values there (it reads nothing else of the plan)."""
     seen: set[str] = set()
-    list(rule(Ctx(Recorder(r, "", seen), mcore)))  # type: ignore[arg-type]
-    return seen
+    return list(rule(Ctx(Recorder(r, "", seen), mcore))), seen  # type: ignore[arg-type]
 
 
 def rule(fn: Rule | None = None, *, reads: str = "mesh", comm: tuple[str, ...] = ()):
@@ -173,7 +197,11 @@ def _list(values: list[int]) -> str:
 
 def _v01(c: Ctx, tp: int, etp: int, ep: int) -> bool:
     """Whether these sizes fall into V01's trap on this megatron-core (EP 1, TP > 1, ETP != TP)."""
-    return bool(c.m.num_moe_experts) and ep == 1 and tp > 1 and etp != tp and c.mcore.ep1_etp_wrong_expert_grads
+    return _v01_sizes(bool(c.m.num_moe_experts), tp, etp, ep, c.mcore.ep1_etp_wrong_expert_grads)
+
+
+def _v01_sizes(moe: bool, tp: int, etp: int, ep: int, wrong_grads: bool) -> bool:
+    return moe and ep == 1 and tp > 1 and etp != tp and wrong_grads
 
 
 def _ep_choices(c: Ctx, above_one: bool = False) -> list[int]:
@@ -187,19 +215,30 @@ def _ep_choices(c: Ctx, above_one: bool = False) -> list[int]:
 def _tp_choices(c: Ctx) -> list[int]:
     """The TP sizes every TP rule takes (the heads, the query groups, the widths, the sequence with SP, the world,
     ETP when it follows TP); 1 only without sequence parallelism, above 1 for MoE only with it."""
-    lo, m, p = c.layout, c.m, c.p
-    groups = m.num_query_groups or m.num_attention_heads
-    widths = [m.ffn_hidden_size, m.moe_shared_expert_intermediate_size or m.ffn_hidden_size]
+    lo, m = c.layout, c.m
+    return list(_tp_sizes(lo.world_size, lo.cp, lo.pp, lo.ep, None if c.p.expert_tensor_parallel_size is None else lo.etp,
+                          lo.sp, c.seq, m.num_attention_heads, m.num_query_groups, m.multi_latent_attention,
+                          m.ffn_hidden_size, m.moe_shared_expert_intermediate_size, m.moe_ffn_hidden_size,
+                          m.num_moe_experts, c.mcore.ep1_etp_wrong_expert_grads))
+
+
+@functools.lru_cache(maxsize=4096)
+def _tp_sizes(world: int, cp: int, pp: int, ep: int, etp: int | None, sp: bool, seq: int, heads: int,
+              groups: int | None, mla: bool, ffn: int, shared: int | None, moe_ffn: int | None, experts: int | None,
+              wrong_grads: bool) -> tuple[int, ...]:
+    """:func:`_tp_choices` of these numbers (cached: a layout search asks for the sizes of many alike layouts);
+    ``etp`` None where ETP follows TP."""
+    groups = groups or heads
+    widths = [ffn, shared or ffn]
     out = []
-    for t in _divisors(m.num_attention_heads):
-        etp = t if p.expert_tensor_parallel_size is None else lo.etp
-        if (t <= 64 and lo.world_size % (t * lo.cp * lo.pp) == 0 and lo.world_size % (etp * lo.ep * lo.pp) == 0
-                and (m.multi_latent_attention or groups % t == 0 or t % groups == 0) and all(w % t == 0 for w in widths)
-                and (m.moe_ffn_hidden_size or m.ffn_hidden_size) % etp == 0 and not (t == 1 and lo.sp)
-                and not (t > 1 and m.num_moe_experts and not lo.sp) and not (t > 1 and lo.sp and (c.seq // lo.cp) % t)
-                and not _v01(c, t, etp, lo.ep)):
+    for t in _divisors(heads):
+        e = t if etp is None else etp
+        if (t <= 64 and world % (t * cp * pp) == 0 and world % (e * ep * pp) == 0
+                and (mla or groups % t == 0 or t % groups == 0) and all(w % t == 0 for w in widths)
+                and (moe_ffn or ffn) % e == 0 and not (t == 1 and sp) and not (t > 1 and experts and not sp)
+                and not (t > 1 and sp and (seq // cp) % t) and not _v01_sizes(bool(experts), t, e, ep, wrong_grads)):
             out.append(t)
-    return out
+    return tuple(out)
 
 
 def _world(c: Ctx, size: int) -> str:

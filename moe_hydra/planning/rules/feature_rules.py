@@ -241,14 +241,14 @@ def l65_l73_ep_overlap(c: Ctx):
     if not o.overlap_moe_expert_parallel_comm:
         return
     off = "overlap.overlap_moe_expert_parallel_comm=false"
-    if lo.ep <= 1:  # this kind of rule does not read the world: the EP sizes are named, not checked against it
+    if not lo.expert_parallel:  # this kind of rule does not read the world: the EP sizes are named, not checked
         eps = [e for e in _divisors(c.m.num_moe_experts or 1) if e > 1]
         yield V("L65", "EP overlap needs EP > 1", f"{off}, or parallel.expert_model_parallel_size=<one of {_list(eps)}> "
                 "(one that divides the world)" if eps else off, parallel__expert_model_parallel_size=lo.ep)
     if c.cfg.dispatcher.moe_token_dispatcher_type not in ("alltoall", "flex"):
         yield V("L66", "EP overlap needs the alltoall or flex dispatcher", f"dispatcher=alltoall, or {off}",
                 dispatcher__name=c.cfg.dispatcher.name)
-    if lo.pp > 1 and lo.vpp is None:  # a layout string with PP stages only leaves VPP unset too
+    if lo.pp > 1 and not lo.virtual_stages:  # a layout string with PP stages only leaves VPP unset too
         yield V("L67", "EP overlap with PP > 1 needs VPP", f"{off}, or parallel.virtual_pipeline_model_parallel_size=2 "
                 "(VPP dividing the layers per stage)",
                 parallel__pipeline_model_parallel_size=lo.pp, parallel__virtual_pipeline_model_parallel_size=None)
@@ -273,8 +273,8 @@ def l65_l73_ep_overlap(c: Ctx):
 def _overlap_fits(c: Ctx) -> bool:
     """Whether EP overlap, turned on, breaks no rule of its own (L65-L72), as far as the cheap ones tell."""
     lo, mods = c.layout, c.cfg.recompute.recompute_modules or []
-    return (lo.ep > 1 and c.cfg.dispatcher.moe_token_dispatcher_type in ("alltoall", "flex")
-            and (lo.pp == 1 or lo.vpp is not None) and c.cfg.recompute.recompute_granularity != "full"
+    return (lo.expert_parallel and c.cfg.dispatcher.moe_token_dispatcher_type in ("alltoall", "flex")
+            and (lo.pp == 1 or lo.virtual_stages) and c.cfg.recompute.recompute_granularity != "full"
             and "moe" not in mods and c.cfg.precision.params_dtype in ("bf16", "fp16")
             and not c.cfg.overlap.moe_shared_expert_overlap and (c.arch is None or c.arch.mtp <= 1)
             and not (c.cfg.kernels.cuda_graph_impl == "transformer_engine"

@@ -618,7 +618,8 @@ class _Columns:
         np = self.np
         if not which or not len(rows):
             return np.zeros(len(rows), dtype=np.int64), [[]]
-        ids = [self.rule_found(rows, rule, level, comm) for rule in which]
+        memo: dict[tuple, tuple] = {}  # the rows' groups by each set of columns (rules that read alike share them)
+        ids = [self.rule_found(rows, rule, level, comm, memo) for rule in which]
         first, combo = self.np_ops.groups(*ids)
         combos = [[v for k in range(len(which)) for v in self._found[ids[k][i]]] for i in first.tolist()]
         return combo, combos
@@ -636,11 +637,12 @@ class _Columns:
     def _any(self, combo: Any, combos: list[list]) -> Any:
         return self.np.array([bool(c) for c in combos], dtype=bool)[combo]
 
-    def rule_found(self, rows: Any, rule: Any, level: str | None, comm: Comm | None) -> Any:
+    def rule_found(self, rows: Any, rule: Any, level: str | None, comm: Comm | None, memo: dict) -> Any:
         """Each row's answer of one rule at a recompute level and communication setting, as an index into the
         distinct answers. A rule runs on a candidate's plan, recording the paths it read
-        (:func:`~moe_hydra.planning.rules.base.check_reading`); any other candidate with the same values there gets the same answer (the values compared as the columns that
-        decide them, :data:`PATH_COLUMNS`); the rows no recorded read decides run the rule again."""
+        (:func:`~moe_hydra.planning.rules.base.check_reading`); any other candidate with the same values there gets
+        the same answer (the values compared as the columns that decide them, :data:`PATH_COLUMNS`); the rows no
+        recorded read decides run the rule again. ``memo``: the groups of all ``rows`` by a set of columns."""
         np, s = self.np, self.s
         level, comm = s._varied(level, comm)
         traces = self._traces.setdefault(rule, {})
@@ -650,7 +652,12 @@ class _Columns:
             reps = rows[todo[:1]]  # without a trace yet: the first row
             for paths, table in traces.items():
                 cols, const = self._key_parts(paths, level, comm)
-                first, group = self.groups(cols, rows[todo])
+                if len(todo) == len(rows):
+                    if cols not in memo:
+                        memo[cols] = self.groups(cols, rows)
+                    first, group = memo[cols]
+                else:
+                    first, group = self.groups(cols, rows[todo])
                 values = np.stack([getattr(self, n)[first] for n in cols], axis=1).tolist() if cols else [[]]
                 hit = np.array([table.get((*const, *v), -1) for v in values], dtype=np.int64)
                 out[todo] = hit[group]

@@ -276,6 +276,22 @@ def test_a_rule_reading_a_path_the_search_cannot_key_fails_loudly(monkeypatch):
         s.run()
 
 
+def test_a_rule_using_a_node_whole_reads_all_of_it_and_the_search_refuses_to_key_it():
+    """A node compared, hashed or formatted whole is recorded under its own path (every field is read): a search
+    cannot key that by its columns, and says so instead of reusing an answer for layouts that differ."""
+    from moe_hydra.planning.rules.base import check_reading
+
+    def whole(c):
+        if c.layout == c.layout:
+            yield from ()
+
+    s = search.Search(compose_config("stage=plan", "hardware.devices_per_node=4"))
+    assert "layout" in check_reading(whole, s.base, s.mcore)[1]
+    s.candidate_rules = [*s.candidate_rules, whole]
+    with pytest.raises(RuntimeError, match="a rule read layout, which the layout search varies"):
+        s.run()
+
+
 def test_ranking_puts_cp_and_etp_last_for_short_sequences():
     cfg = compose_config("stage=plan", "model=qwen3_30b_a3b", H100, "hardware.nodes=2")
     ranked = sorted((r for r in search.Search(cfg).run() if r.rank), key=lambda r: r.rank)

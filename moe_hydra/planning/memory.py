@@ -432,19 +432,6 @@ class Estimator:
                                    self.allowance_total(_estimated(states, act)), step, ws))
         return out
 
-    def peaks(self, split: tuple[RankLayers, ...], static: list[tuple[float, float, float, float, float]],
-              candidates: list[int] | None = None) -> tuple[float, float]:
-        """The most-loaded stage's total without and with EP overlap (one layer more held).
-        ``candidates``: the stages that can be the most loaded (:func:`peak_candidates`)."""
-        off = on = 0.0
-        for i in candidates if candidates is not None else range(len(split)):
-            act, _, next_layer = self._activations(split[i], False)
-            est = _estimated(static[i], act)
-            off = max(off, est + self.allowance_total(est))
-            est = _estimated(static[i], act + next_layer)
-            on = max(on, est + self.allowance_total(est))
-        return off, on
-
     def allowance_total(self, estimated: float) -> float:
         return self._fixed_allowance + self.allowance["fragmentation"] * estimated
 
@@ -454,18 +441,6 @@ def _estimated(states: tuple[Any, Any, Any, Any, Any], activations: Any, xp: Any
     the optimizer step's temporary (the step follows the backward pass)."""
     weights, grads, opt, step, ws = states
     return weights + grads + opt + xp.maximum(activations, step) + ws
-
-
-def peak_candidates(a: Arch, split: tuple[RankLayers, ...], ranks: list[RankParams]) -> list[int]:
-    """The stages that can be the most loaded: among stages holding the same layers and parameters, the
-    lowest pipeline rank holds the most micro-batches in flight, so only it needs evaluating."""
-    seen, out = set(), []
-    for i, (r, p) in enumerate(zip(split, ranks)):
-        key = (len(r.layers), (r.mask & a.moe_mask).bit_count(), r.loss, r.mtp, p.total)
-        if key not in seen:
-            seen.add(key)
-            out.append(i)
-    return out
 
 
 def allowance(cfg: Any) -> dict[str, float]:

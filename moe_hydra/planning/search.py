@@ -332,8 +332,6 @@ class Search:
         else:
             self.recompute = {name: cfg.recompute}
         self.base_name = name
-        # the ladder from each level up: where another communication setting may need more recompute
-        self.levels_from = {lvl: list(self.recompute)[i:] for i, lvl in enumerate(self.recompute)}
         # the nodes a candidate's config is built from (dataclass __init__: a fast replace)
         self._config_kw = {f.name: getattr(self.cfg, f.name) for f in dataclasses.fields(self.cfg)}
         self._parallel_kw = {f.name: getattr(self.cfg.parallel, f.name) for f in dataclasses.fields(self.cfg.parallel)}
@@ -346,7 +344,7 @@ class Search:
         self.comm_rules = [x for x in self.candidate_rules if x.comm]
         self.recompute_rules = [x for x in self.candidate_rules if x.reads == "recompute"]
         self.fixed_violations = rules.check(self.base, self.mcore, reads=("fixed",))
-        self.rank_params: dict[tuple, list] = {}
+        self.most_loaded: dict[tuple, params.RankParams] = {}
         self._plans: dict[Candidate, dict] = {}  # the candidates' resolved plans (by level and setting) the rules read
         self.flex_gib = self.cfg.memory.flex_dispatcher_gib
         self.cap = cfg.hardware.memory_gib
@@ -444,25 +442,20 @@ class Search:
                 results[i] = res
         return results
 
-    def _rank_params(self, r: Resolved) -> tuple:
-        """(each rank's parameters, the memory's peak candidates, the most loaded rank) of ``r``'s layout and
-        split, counted once per layout (``rank_params``)."""
+    def _most_loaded(self, r: Resolved) -> params.RankParams:
+        """The rank of ``r``'s layout and split with the most parameters, counted once per layout (``most_loaded``)."""
         key = _RANKS(r)
-        cached = self.rank_params.get(key)
-        if cached is None:
-            cached = self.rank_params[key] = self._counts(r.layout, r.split)
-        return cached
-
-    def _counts(self, lo: Layout, split: tuple) -> tuple:
-        """(each rank's parameters, the memory's peak candidates, the most loaded rank) of a layout and split."""
-        ranks = params.params_per_rank(self.arch, lo, split, te_spec=self.impl.te)
-        return ranks, memory.peak_candidates(self.arch, split, ranks), max(ranks, key=lambda x: x.total)
+        found = self.most_loaded.get(key)
+        if found is None:
+            ranks = params.params_per_rank(self.arch, r.layout, r.split, te_spec=self.impl.te)
+            found = self.most_loaded[key] = max(ranks, key=lambda x: x.total)
+        return found
 
     def _split(self, c: Candidate) -> tuple:
-        """What a candidate's plan derives of its pipeline: its layout and each pipeline rank's layers
-        (:func:`~moe_hydra.core.resolved.rank_layers`, as :func:`resolve` derives them; the rules have passed it)."""
-        lo = c.layout(self.world)
-        return lo, rank_layers(self.arch, lo, type(self.cfg.parallel)(**{**self._parallel_kw, **c.fields()}))
+        """What each pipeline rank of a candidate's plan holds (:func:`~moe_hydra.core.resolved.rank_layers`, as
+        :func:`resolve` derives it; the rules have passed it)."""
+        return rank_layers(self.arch, c.layout(self.world),
+                           type(self.cfg.parallel)(**{**self._parallel_kw, **c.fields()}))
 
     # ------------------------------------------------------------------ the whole search
 
@@ -484,7 +477,7 @@ class Search:
             if res.terms is None:
                 continue
             r = self.resolved(res.candidate, res.recompute, res.comm)
-            worst = self._rank_params(r)[2]
+            worst = self._most_loaded(r)
             estimate = step_time.estimate(self.calibration, r, worst.dense, worst.expert)
             res.calibrated = not isinstance(estimate, list)
             if res.calibrated:
@@ -585,26 +578,20 @@ class _Columns:
         self._found: list[list] = []  # the distinct answers of the rules (violation lists)
         self._found_index: dict[tuple, int] = {}
         self._parts: dict[tuple, tuple] = {}
-        self._coded: dict[str, tuple] = {}
+        self._coded: dict[str, Any] = {}
         self._resolved = np.zeros(n, dtype=bool)  # the candidates whose plans the rules have read
 
     def groups(self, names: tuple[str, ...], rows: Any) -> tuple[Any, Any]:
         """(the first of ``rows`` with each distinct value of the columns ``names``, each row's group)."""
-        np = self.np
         if not names:
-            return rows[:1], np.zeros(len(rows), dtype=np.int64)
-        key = np.zeros(len(rows), dtype=np.int64)
-        for n in names:  # each column's values numbered once (_codes): one integer per row, one sort
-            codes, count = self._codes(n)
-            key = key * count + codes[rows]
-        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-        return rows[first], inverse.reshape(-1)
+            return rows[:1], self.np.zeros(len(rows), dtype=self.np.int64)
+        first, inverse = self.np_ops.groups(*(self._codes(n)[rows] for n in names))
+        return rows[first], inverse
 
-    def _codes(self, name: str) -> tuple[Any, int]:
-        """(each row's value of a column as its index among the column's values, how many values)."""
+    def _codes(self, name: str) -> Any:
+        """Each row's value of a column as its index among the column's values (numbered once: small keys)."""
         if name not in self._coded:
-            values, codes = self.np.unique(getattr(self, name), return_inverse=True)
-            self._coded[name] = (codes.reshape(-1), len(values))
+            self._coded[name] = self.np.unique(getattr(self, name), return_inverse=True)[1].reshape(-1)
         return self._coded[name]
 
     def mesh(self, rows: Any) -> Mesh:
@@ -709,9 +696,7 @@ class _Columns:
     def assess(self, rows: Any) -> list[Result]:
         """The legal candidates ``rows``: parameters, memory at each rung of the recompute ladder (the least that
         fits), the fastest communication setting that fits, the step-time terms."""
-        from moe_hydra.core.columns import numpy_ops
-
-        np, s, xp = self.np, self.s, numpy_ops()
+        np, s, xp = self.np, self.s, self.np_ops
         n = len(rows)
         # the stages: one row per pipeline rank of each candidate: what it holds (once per distinct PP, VPP and split:
         # rank_layers, as resolve derives it) and its parameters (params' own count on the columns, once per
@@ -719,9 +704,8 @@ class _Columns:
         first, group = self.groups(("pp", "vpp", "split"), rows)
         splits = []
         for i in first.tolist():
-            _, split = s._split(self.candidates[i])
             splits.append(np.array([(x.pp_rank, *dataclasses.astuple(params.StageLayers.of(s.arch, x)))
-                                    for x in split], dtype=np.int64).reshape(-1, 7))
+                                    for x in s._split(self.candidates[i])], dtype=np.int64).reshape(-1, 7))
         sizes = np.array([len(x) for x in splits])
         counts = sizes[group]
         owner = np.repeat(np.arange(n), counts)  # each stage row's candidate (index into rows)
@@ -741,7 +725,8 @@ class _Columns:
             dense[ours], expert[ours] = counter.counts(sub, self.pp[at][ours], xp)
         total = dense + expert
         stages = memory.Stages(table[:, 0], held.layers, held.moe, held.mtp, held.loss)
-        # the ranks that can hold the peak (memory.peak_candidates): the first of those alike in layers and parameters
+        # the ranks that can hold the peak: among ranks alike in layers and parameters, the lowest pipeline rank holds
+        # the most micro-batches in flight
         is_peak = np.zeros(len(owner), dtype=bool)
         is_peak[self.np_ops.groups(owner, held.layers, held.moe, held.loss, held.mtp, total)[0]] = True
         # the most loaded rank (the first with the most parameters)

@@ -6,6 +6,8 @@
 #
 #   bash benchmarks/gpu_check.sh                 # on the GPU machine: writes $OUT/gpu_check.tgz
 #   bash benchmarks/gpu_check.sh --dry-run       # here, on the CPU: the same steps, each on the CPU where it can run
+#   BUDGET_S=540 bash benchmarks/gpu_check.sh    # every step inside 540 s together: a step's limit is cut to what is
+#                                                # left (20 s kept for the archive), a step with under 15 s is skipped
 #
 # Steps, each under its own timeout (a step that fails or times out is recorded, the next runs):
 #   env        nvidia-smi, torch / CUDA / package versions
@@ -15,21 +17,32 @@
 #              memory phases (after the first step, forward/backward, optimizer step)
 #   profile    tiny_moe with profile=window: profile.json with CUDA activities, kernel time > 0, walls summing
 #              to the window
-#   harness    benchmarks/harness_overhead.py on the GPU: moe_hydra's step against a bare Megatron-Core loop
 #   calibrate  stage=calibrate of tiny_moe and of the Qwen3 slice on this GPU (its layout, its variants)
 #   rows       benchmarks/gpu_rows.py: those runs as rows of benchmarks/data/measured_runs.yaml (source moe-hydra-gpu),
 #              each predicted from its model's calibration as held out (|ln| per run, median and worst)
+#   harness    benchmarks/harness_overhead.py on the GPU: moe_hydra's step against a bare Megatron-Core loop (last:
+#              measured before, on 2026-11-30, so the first a spent budget skips)
 # Then: $OUT/gpu_check.tgz holds logs/, runs/, junit.xml, measured_rows.yaml, summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DRY=0; [[ ${1:-} == --dry-run ]] && DRY=1
 OUT=${OUT:-$PWD/outputs/gpu_check}
 PY=${PYTHON:-python3}
+BUDGET=${BUDGET_S:-0}  # 0: no limit on the steps together
+export PYTHONUNBUFFERED=1
 mkdir -p "$OUT/logs" "$OUT/runs"
 : >"$OUT/summary.txt"
 
 step() {  # step NAME TIMEOUT_S COMMAND...: run, log, record the outcome
   local name=$1 limit=$2; shift 2
+  if (( BUDGET )); then
+    local left=$((BUDGET - SECONDS - 20))
+    if (( left < 15 )); then
+      printf '%-28s skipped: %ds of the %ds budget left\n' "$name" "$((BUDGET - SECONDS))" "$BUDGET" | tee -a "$OUT/summary.txt"
+      return 0
+    fi
+    (( limit > left )) && limit=$left
+  fi
   local t0=$SECONDS
   timeout --kill-after=10 "$limit" "$@" >"$OUT/logs/$name.log" 2>&1
   local rc=$?
@@ -78,12 +91,11 @@ print(json.dumps({k: s[k] for k in ("device", "wall_ms", "compute_ms", "communic
                                     "memcpy_ms", "host_ms", "idle_ms")}), d["activities"], d["step_time_ms"])
 assert abs(exclusive - s["wall_ms"]) <= 0.01 * s["wall_ms"], "the walls do not sum to the window"
 assert not gpu or (d["activities"] == ["CPU", "CUDA"] and s["device"] == "cuda" and s["compute_ms"] > 0), "no kernels"
+# the walls span the profiled steps (the host's annotations, not their projections onto a stream) and see the host
+assert s["wall_ms"] / len(s["steps"]) >= 0.8 * d["step_time_ms"]["profiled"], "the walls miss part of the steps"
+assert not gpu or s["host_ms"] > 0, "no host time on a GPU: the host's threads were not read"
 print("top kernels:", s["top_compute"][:5])
 PY
-
-# ---------------------------------------------------------------- the harness against a bare Megatron-Core loop
-if (( DRY )); then HARNESS=(--repeats 1 --steps 12); else HARNESS=(--repeats 3 --hardware h200_sxm); fi
-step harness_overhead 900 "$PY" benchmarks/harness_overhead.py --procs 1 "${HARNESS[@]}"
 
 # ---------------------------------------------------------------- calibrate this device; its predictions held out
 # the runs above never ran in a calibration: each calibrated model's runs are predicted from it (rows step)
@@ -97,7 +109,13 @@ for name in "${CALIBRATE[@]}"; do
   CALS+=(--calibration "$OUT/runs/calibration_$name/calibration.json")
 done
 
-# ---------------------------------------------------------------- the runs as dataset rows, and the archive
+# ---------------------------------------------------------------- the runs as dataset rows
 step rows 300 "$PY" benchmarks/gpu_rows.py "$OUT/runs" "$OUT/measured_rows.yaml" "${CALS[@]}"
+
+# ---------------------------------------------------------------- the harness against a bare Megatron-Core loop
+if (( DRY )); then HARNESS=(--repeats 1 --steps 12); else HARNESS=(--repeats 3 --hardware h200_sxm); fi
+step harness_overhead 900 "$PY" benchmarks/harness_overhead.py --procs 1 "${HARNESS[@]}"
+
+# ---------------------------------------------------------------- the archive
 tar czf "$OUT/gpu_check.tgz" -C "$OUT" logs runs summary.txt $(cd "$OUT" && ls junit.xml measured_rows.yaml 2>/dev/null)
 echo "packed $OUT/gpu_check.tgz"

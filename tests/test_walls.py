@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
+import json
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -10,6 +14,7 @@ from moe_hydra.analysis import profiles
 from moe_hydra.core import walls
 
 MAIN, GLOO, GPU = (1, 10), (1, 11), (0, 7)
+DATA = Path(__file__).parent / "data"
 
 
 def ev(name, start, end, cat="cpu_op", where=MAIN):
@@ -63,6 +68,38 @@ def test_gpu_step_splits_device_and_host_time():
     assert b["idle_ms"] == pytest.approx(0.015)  # 85..100
     assert exclusive_sum(b) == pytest.approx(b["wall_ms"])
     assert b["fractions"]["exposed_communication"] == pytest.approx(0.2)
+
+
+def test_a_gpu_step_is_the_host_annotation_and_the_backward_thread_is_host():
+    """The profiler projects the step's annotation onto the streams it launched on (``gpu_user_annotation``, shorter
+    than the step); the step is the host's span. Autograd runs the backward pass on a thread of its own."""
+    autograd = (1, 12)
+    trace = [step(1, 0, 100), ev(f"{walls.STEP}1", 20, 30, cat="gpu_user_annotation", where=GPU),
+             ev("sm90_xmma_gemm_bf16", 20, 30, cat="kernel", where=GPU),
+             ev("aten::mm", 0, 20), ev("aten::mm", 50, 70, where=autograd),
+             ev("cudaLaunchKernel", 70, 75, cat="cuda_runtime", where=autograd),
+             ev("aten::mm", 80, 90, where=(2, 12))]  # another process's thread is not this rank's host
+    b = walls.breakdown(trace)
+    assert b["wall_ms"] == pytest.approx(0.100)
+    assert b["compute_ms"] == pytest.approx(0.010)
+    assert b["host_ms"] == pytest.approx(0.045)  # 0..20 on the main thread, 50..75 on autograd's
+    assert b["idle_ms"] == pytest.approx(0.045)  # 30..50 and 75..100
+    assert exclusive_sum(b) == pytest.approx(b["wall_ms"])
+
+
+def test_a_real_h200_trace_of_a_host_bound_step():
+    """Two steps of tiny_moe traced by torch.profiler on one H200 (benchmarks/gpu_check.sh, 2026-12-04; events
+    outside steps 12-13 and the flow arrows cut): each step is launched from Python, the GPU mostly waits on it."""
+    events = json.loads(gzip.decompress((DATA / "h200_tiny_moe.trace.json.gz").read_bytes()))["traceEvents"]
+    annotations = [e for e in events if e["name"].startswith(walls.STEP) and e["cat"] == "user_annotation"]
+    b = walls.breakdown(events, alone=True)
+    assert b["device"] == "cuda" and b["steps"] == [12, 13]
+    assert b["wall_ms"] == pytest.approx(sum(e["dur"] for e in annotations) / 1e3)  # 136.5 ms, not the streams'
+    assert exclusive_sum(b) == pytest.approx(b["wall_ms"])
+    assert b["compute_ms"] < 0.05 * b["wall_ms"] < b["host_ms"] / 10  # a host-bound step: host most of the wall
+    main_thread_only = walls.breakdown([e for e in events if e["tid"] == annotations[0]["tid"] or e["pid"] == 0],
+                                       alone=True)
+    assert main_thread_only["host_ms"] < b["host_ms"] - 0.1 * b["wall_ms"]  # the backward thread's launches count
 
 
 def test_a_lone_rank_has_no_communication():

@@ -12,7 +12,8 @@ of these parts, in this order of precedence, so the exclusive parts sum to the w
     exposed_communication_ms    communication not under compute (what overlap did not hide)
     memcpy_ms                   device copies and memsets not under compute or communication (none on the CPU)
     host_ms                     the device idle while the host works: its recorded operators, runtime calls
-                                (launches, syncs) and annotations; on the CPU, the main thread outside any
+                                (launches, syncs) and annotations on any of the rank's threads (autograd runs
+                                the backward pass on a thread of its own); on the CPU, the main thread outside any
                                 operator (Python, Megatron's schedule, dispatch)
     idle_ms                     neither: the device idle and the host in nothing recorded (always 0 on the CPU,
                                 whose main thread is either in an operator or in Python)
@@ -116,8 +117,8 @@ def classify(events: list[dict[str, Any]], alone: bool = False) -> dict[str, Any
     does not say a collective's group; Megatron-Core skips most of those)."""
     steps: dict[int, Interval] = {}
     main = None
-    for e in events:
-        if e.get("ph") == "X" and str(e.get("name", "")).startswith(STEP):
+    for e in events:  # the host's annotation: on a GPU, the profiler also projects it onto each stream it launched on
+        if e.get("ph") == "X" and e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith(STEP):
             steps[int(e["name"][len(STEP):])] = _span(e)
             main = (e.get("pid"), e.get("tid"))
     gpu = any(e.get("cat") == "kernel" for e in events)
@@ -127,6 +128,8 @@ def classify(events: list[dict[str, Any]], alone: bool = False) -> dict[str, Any
             continue
         cat, name, span = e.get("cat"), str(e.get("name", "")), _span(e)
         on_main = (e.get("pid"), e.get("tid")) == main
+        # a GPU's host is the rank's process, every thread: autograd runs the backward pass on a thread of its own
+        host = main is not None and e.get("pid") == main[0] if gpu else on_main
         if cat == "kernel":
             kinds["communication" if COMM_KERNEL.search(name) and not alone else "compute"].append((span, name))
         elif cat in ("gpu_memcpy", "gpu_memset"):
@@ -134,9 +137,9 @@ def classify(events: list[dict[str, Any]], alone: bool = False) -> dict[str, Any
         elif _is_comm_host(name) and cat in ("cpu_op", "user_annotation"):
             if not alone:
                 kinds["communication"].append((span, name))
-            elif on_main and gpu:
+            elif host and gpu:
                 kinds["host"].append((span, name))
-        elif on_main and cat in HOST_CATEGORIES and not name.startswith(STEP):
+        elif host and cat in HOST_CATEGORIES and not name.startswith(STEP):
             if gpu:
                 kinds["host"].append((span, name))
             elif cat == "cpu_op" and _is_operator(name):

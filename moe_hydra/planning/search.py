@@ -636,7 +636,6 @@ class _Columns:
         out = np.full(len(rows), -1, dtype=np.int64)
         todo = np.arange(len(rows))
         while len(todo):
-            reps = rows[todo[:1]]  # without a trace yet: the first row
             for paths, table in traces.items():
                 cols, const = self._key_parts(paths, level, comm)
                 if len(todo) == len(rows):
@@ -646,18 +645,19 @@ class _Columns:
                 else:
                     first, group = self.groups(cols, rows[todo])
                 values = np.stack([getattr(self, n)[first] for n in cols], axis=1).tolist() if cols else [[]]
-                hit = np.array([table.get((*const, *v), -1) for v in values], dtype=np.int64)
-                out[todo] = hit[group]
-                missed = hit[group] < 0
-                if not missed.any():
-                    return out
-                # one row of each value no trace decides, one whose plan is resolved already where there is one
-                cand = rows[todo]
-                order = np.lexsort((~self._resolved[cand], group))
-                firsts = order[np.r_[True, group[order][1:] != group[order][:-1]]]
-                reps = cand[firsts[hit[group[firsts]] < 0]]
-                todo = todo[missed]
-            for i in reps.tolist():
+                hit = np.array([table.get((*const, *v), -1) for v in values], dtype=np.int64)[group]
+                out[todo] = np.where(hit >= 0, hit, out[todo])
+            todo = todo[out[todo] < 0]
+            if not len(todo):
+                break
+            # one row of each value no trace decides, by every column a recorded read depends on (the rule reads
+            # alike there, or a new set of paths the next round keys by), one whose plan is resolved already where
+            # there is one
+            known = tuple(dict.fromkeys(c for paths in traces for c in self._key_parts(paths, level, comm)[0]))
+            cand = rows[todo]
+            _, group = self.groups(known, cand)
+            order = np.lexsort((~self._resolved[cand], group))
+            for i in cand[order[np.r_[True, group[order][1:] != group[order][:-1]]]].tolist():
                 self._trace(rule, i, level, comm)
         return out
 

@@ -151,6 +151,12 @@ def workspace_bytes(arch: str, impl: Any) -> float:
     return 2 * torch_ws + n_te * te_ws
 
 
+def workspaces(r: Resolved, lo: Mesh | None = None) -> Any:
+    """What a rank holds for its kernels: the cuBLAS workspaces and the attention score buffer (``lo``: the layout
+    and batch, ``r``'s, or columns of many)."""
+    return workspace_bytes(r.cfg.hardware.arch, r.impl) + score_buffer_bytes(r, lo)
+
+
 @dataclass(frozen=True, slots=True)
 class StageMemory:
     """Bytes on one rank of one pipeline stage."""
@@ -346,7 +352,7 @@ class Estimator:
         self.logits_transient = logits * e if e < 4 else 0.0
         self.allowance = allowance(cfg)
         self.torch_adam = r.impl.optimizer == "torch" and cfg.optimizer.optimizer == "adam"
-        self.workspaces = workspace_bytes(cfg.hardware.arch, r.impl) + score_buffer_bytes(r, lo)
+        self.workspaces = workspaces(r, lo)
         self._fixed_allowance = sum(v for k, v in self.allowance.items() if k != "fragmentation")
 
     def recompute(self, node: Any) -> None:

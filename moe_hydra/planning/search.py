@@ -724,7 +724,6 @@ class _Columns:
             sub = params.StageLayers(*(getattr(held, f.name)[ours] for f in dataclasses.fields(held)))
             dense[ours], expert[ours] = counter.counts(sub, self.pp[at][ours], xp)
         total = dense + expert
-        stages = memory.Stages(table[:, 0], held.layers, held.moe, held.mtp, held.loss)
         # the ranks that can hold the peak: among ranks alike in layers and parameters, the lowest pipeline rank holds
         # the most micro-batches in flight
         is_peak = np.zeros(len(owner), dtype=bool)
@@ -736,12 +735,18 @@ class _Columns:
         heaviest = heaviest[np.unique(owner[heaviest], return_index=True)[1]]
         worst_dense, worst_expert = dense[heaviest], expert[heaviest]
 
-        # the memory estimate of every stage row (its numbers columns), at each rung of the recompute ladder
-        est = memory.Estimator(s.base, self.mesh(at), xp)
-        static = est.states(total, dense, expert, *est.shards(self.dp[at], self.cp[at], self.edp[at], xp))
+        # the memory estimate (its numbers columns): the states of every stage row; the activations, at each rung of
+        # the recompute ladder, of the rows that can hold the peak
+        peak_rows = np.flatnonzero(is_peak)
+        stages = memory.Stages(table[peak_rows, 0], held.layers[peak_rows], held.moe[peak_rows], held.mtp[peak_rows],
+                               held.loss[peak_rows])
+        est = memory.Estimator(s.base, self.mesh(at[peak_rows]), xp)
+        ws = memory.workspaces(s.base, self.mesh(rows))
+        static = est.states(total, dense, expert, *est.shards(self.dp[at], self.cp[at], self.edp[at], xp),
+                            ws[owner] if isinstance(ws, np.ndarray) else ws)
         states_alone = np.zeros(n)
         np.maximum.at(states_alone, owner, static[0] + static[1] + static[2] + static[4])
-        peak_rows = np.flatnonzero(is_peak)
+        static = tuple(x[peak_rows] if isinstance(x, np.ndarray) else x for x in static)
         starts = np.flatnonzero(np.r_[True, owner[peak_rows][1:] != owner[peak_rows][:-1]])
         peaks = {}
         for level, node in s.recompute.items():
@@ -750,7 +755,7 @@ class _Columns:
             both = []
             for kept in (act, act + next_layer):
                 e = memory._estimated(static, kept, xp)
-                both.append(np.maximum.reduceat((e + est.allowance_total(e))[peak_rows], starts) / memory.GIB)
+                both.append(np.maximum.reduceat(e + est.allowance_total(e), starts) / memory.GIB)
             peaks[level] = both
         return self._choose(rows, peaks, states_alone, worst_dense, worst_expert)
 

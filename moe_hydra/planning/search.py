@@ -718,11 +718,11 @@ class _Columns:
         at = rows[owner]  # the stage rows' candidates, as rows of the columns
         dense, expert = np.zeros(len(owner), dtype=np.int64), np.zeros(len(owner), dtype=np.int64)
         first_c, group_c = self.groups(("tp", "etp", "ep"), at)
-        order = np.argsort(group_c, kind="stable")
+        order, pp = np.argsort(group_c, kind="stable"), self.pp[at]
         for i, ours in zip(first_c.tolist(), np.split(order, np.flatnonzero(np.diff(group_c[order])) + 1)):
             counter = params.counter(s.arch, int(self.tp[i]), int(self.etp[i]), int(self.ep[i]), s.impl.te)
             sub = params.StageLayers(*(getattr(held, f.name)[ours] for f in dataclasses.fields(held)))
-            dense[ours], expert[ours] = counter.counts(sub, self.pp[at][ours], xp)
+            dense[ours], expert[ours] = counter.counts(sub, pp[ours], xp)
         total = dense + expert
         # the ranks that can hold the peak: among ranks alike in layers and parameters, the lowest pipeline rank holds
         # the most micro-batches in flight
@@ -850,16 +850,19 @@ def tied_set(ranked: list[Result], width: float | None = None) -> list[Result]:
                                     ranked))
 
 
-def _priority(r: Result, domain: int, seq: int) -> tuple:
-    c = r.candidate
-    return (r.calibrated is False, c.cp > 1 and seq < CP_FROM_SEQ, c.etp > 1, round(r.terms["step"], 6),
-            c.tp * c.cp * c.pp, c.ep * c.etp > domain, c.vpp or 1, -c.mbs)
-
-
 def rank(results: list[Result], domain: int, seq: int) -> None:
     """Rank the legal candidates that fit (or whose fit is unknown): with a calibration, those it predicts first
     (two sources' step times do not compare); CP only for long sequences and ETP 1 first (docs/workflow.md), then by
-    step time, then the other priorities."""
+    step time (to the microsecond), then the fewest model-parallel ranks, EP x ETP within the NVLink domain, the
+    fewest virtual stages, the largest micro-batch. Ties keep the results' order (a stable sort, on columns)."""
+    import numpy as np
+
     ok = [r for r in results if r.legal and r.fits is not False]
-    for i, r in enumerate(sorted(ok, key=lambda r: _priority(r, domain, seq)), 1):
-        r.rank = i
+    if not ok:
+        return
+    tp, cp, pp, vpp, ep, etp, mbs, _ = (np.array(x) for x in zip(*(r.candidate for r in ok)))
+    vpp[vpp == None] = 1  # noqa: E711 (elementwise)
+    keys = ([r.calibrated is False for r in ok], (cp > 1) & (seq < CP_FROM_SEQ), etp > 1,
+            [round(r.terms["step"], 6) for r in ok], tp * cp * pp, ep * etp > domain, vpp.astype(np.int64), -mbs)
+    for i, k in enumerate(np.lexsort(keys[::-1]).tolist(), 1):  # lexsort's last key sorts first
+        ok[k].rank = i

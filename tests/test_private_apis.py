@@ -36,6 +36,8 @@ PRIVATE = [
      "moe_hydra.launch.points / sequential: a sweep expanded as the basic sweeper expands it"),
     ("hydra.core.utils", "JobReturn._return_value", "hydra-core",
      "moe_hydra.commands.run.Outcomes, moe_hydra.launch.outcome: a point's state or its exception"),
+    ("omegaconf._utils", "get_yaml_loader", "omegaconf",
+     "moe_hydra.core.presets: the presets read with OmegaConf's YAML resolvers on libyaml's parser"),
     ("submitit.slurm.slurm", "SlurmInfoWatcher._make_command", "submitit",
      "moe_hydra.launch.slurm_jobs: sacct asked for Elapsed, Start and ExitCode too"),
     ("submitit.slurm.slurm", "SlurmInfoWatcher._last_status_check", "submitit",

@@ -51,6 +51,7 @@ import itertools
 import math
 from dataclasses import dataclass
 from operator import attrgetter
+from collections.abc import Mapping
 from typing import Any, Iterator, NamedTuple
 
 from moe_hydra.core import calibrated_step, overrides, params
@@ -232,6 +233,29 @@ class Comm:
         return self.dispatcher + (" +EP overlap" if self.ep_overlap else "")
 
 
+class Terms(Mapping):
+    """A search row's step-time terms by name (:data:`~moe_hydra.planning.step_model.TERMS`, then ``step``): its
+    row of the term columns, read as a dict (built for a hundred thousand rows, read for few)."""
+
+    __slots__ = ("_values",)
+    _index = {name: i for i, name in enumerate((*TERMS, "step"))}
+
+    def __init__(self, values: list[float]):
+        self._values = values
+
+    def __getitem__(self, name: str) -> float:
+        return self._values[self._index[name]]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
+
+
 @dataclass(slots=True)
 class Result:
     candidate: Candidate
@@ -240,7 +264,7 @@ class Result:
     recompute: str | None = None  # the least recompute that fits
     memory_gib: float | None = None
     fits: bool | None = None
-    terms: dict[str, float] | None = None
+    terms: Mapping[str, float] | None = None  # Terms, or a calibration's dict
     rank: int | None = None
     pruned: bool = False  # weights + gradients alone exceed the memory: the rules were not run
     comm: Comm | None = None  # the communication settings the terms are for
@@ -816,12 +840,11 @@ class _Columns:
             for li in np.unique(level[comm == k]).tolist():
                 idx = np.flatnonzero((comm == k) & (level == li))
                 terms[idx] = np.stack(step(k, li, idx), axis=1)
-        names, fit = (*TERMS, "step"), [None] * n if cap is None else fits.tolist()
-        out = []
-        for i, k, li, p, f, t in zip(rows.tolist(), comm.tolist(), level.tolist(), peak.tolist(), fit, terms.tolist()):
-            out.append(Result(self.candidates[i], s.world, [], levels[li], p, f, dict(zip(names, t)),
-                              comm=s.comms[k]))
-        return out
+        fit = [None] * n if cap is None else fits.tolist()
+        candidates, world, comms = self.candidates, s.world, s.comms
+        return [Result(candidates[i], world, [], levels[li], p, f, Terms(t), comm=comms[k])
+                for i, k, li, p, f, t in zip(rows.tolist(), comm.tolist(), level.tolist(), peak.tolist(), fit,
+                                             terms.tolist())]
 
 
 @contextlib.contextmanager

@@ -252,8 +252,11 @@ def test_candidates_evaluated_together_equal_each_evaluated_alone():
                                        ("hardware.devices_per_node=8", "model.num_layers=4", "model.mtp_num_layers=1")])
 def test_the_columns_of_a_path_decide_its_value(overrides):
     """A rule's answer is reused for every candidate with the same values where it read (_Columns.PATH_COLUMNS:
-    the columns that decide each path's value); CONSTANT paths are the same for every candidate."""
+    the columns that decide each path's value, a derived value's too); CONSTANT paths are the same for every
+    candidate."""
     from operator import attrgetter
+
+    from moe_hydra.planning.rules.base import DERIVED, Ctx
 
     s = search.Search(compose_config("stage=plan", *overrides))
     every = list(search.enumerate_layouts(s.base))
@@ -264,7 +267,7 @@ def test_the_columns_of_a_path_decide_its_value(overrides):
         seen: dict[tuple, object] = {}
         for i in sample:
             cols = tuple(int(getattr(t, n)[i]) for n in names)
-            got = attrgetter(path)(plans[i])
+            got = DERIVED[path](Ctx(plans[i], s.mcore)) if path in DERIVED else attrgetter(path)(plans[i])
             assert seen.setdefault(cols, got) == got, (path, every[i])
         assert len(seen) < len(sample), path  # groups of more than one candidate were compared
 
@@ -274,6 +277,19 @@ def test_a_rule_reading_a_path_the_search_cannot_key_fails_loudly(monkeypatch):
     monkeypatch.delitem(search._Columns.PATH_COLUMNS, "layout.tp")
     with pytest.raises(RuntimeError, match="a rule read layout.tp, which the layout search varies"):
         s.run()
+
+
+def test_a_fix_naming_the_tp_sizes_reads_them_as_one_value():
+    """L26's fix lists the TP sizes every TP rule takes, computed from CP, PP, EP, ETP and the world: the rule reads
+    that list (derived.tp_choices), not those sizes, so layouts with the same list share its answer."""
+    from moe_hydra.planning.rules import layout_rules
+    from moe_hydra.planning.rules.base import check_reading
+
+    s = search.Search(compose_config("stage=plan", "model=deepseek_v3", H100, "hardware.nodes=64"))
+    a, b = (s.resolved(search.Candidate(256, 1, pp, None, 8, 1, 1, "even")) for pp in (1, 2))
+    (va, read), (vb, _) = (check_reading(layout_rules.l26_l28_tp_shapes, r, s.mcore) for r in (a, b))
+    assert "derived.tp_choices" in read and not read & {"layout.cp", "layout.pp", "layout.ep", "layout.world_size"}
+    assert [v.rule for v in va] == ["L26"] and va[0].fix == vb[0].fix  # PP 1 and 2: the same sizes take
 
 
 def test_a_rule_using_a_node_whole_reads_all_of_it_and_the_search_refuses_to_key_it():

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gc
 import itertools
 import math
@@ -61,7 +62,7 @@ from moe_hydra.core.layout import Layout
 from moe_hydra.core.resolved import Resolved, rank_layers, resolve
 from moe_hydra.core.versions import McoreFacts, mcore_facts
 from moe_hydra.planning import memory, plan, rules, step_model, step_time
-from moe_hydra.planning.rules.base import VARIED, _divisors, check_reading
+from moe_hydra.planning.rules.base import VARIED, Ctx, _divisors, check_reading, tp_choices_at
 from moe_hydra.planning.step_model import TERMS, StepModel
 
 RECOMPUTE_LEVELS = ("none", "selective", "full")
@@ -573,6 +574,7 @@ class _Columns:
         "split": ("pp", "vpp", "split"),
         "batch.micro_batch_size": ("mbs",), "cfg.train.micro_batch_size": ("mbs",),
         "batch.micro_batches_per_step": ("m",),
+        "derived.tp_choices": ("tp_choices",),
     }
     CONSTANT = ("layout.world_size", "batch.global_batch_size", "batch.seq_length", "batch.tokens_per_step",
                 "cfg.train.global_batch_size", "cfg.parallel.cp_comm_type",
@@ -604,6 +606,17 @@ class _Columns:
         self._parts: dict[tuple, tuple] = {}
         self._coded: dict[str, Any] = {}
         self._resolved = np.zeros(n, dtype=bool)  # the candidates whose plans the rules have read
+
+    @functools.cached_property
+    def tp_choices(self) -> Any:
+        """Each row's TP sizes every TP rule takes (rules.base.tp_choices_at), numbered (``derived.tp_choices``)."""
+        np, base = self.np, Ctx(self.s.base, self.s.mcore)
+        lists: dict[tuple[int, ...], int] = {}
+
+        def number(cp: int, pp: int, ep: int, etp: int, sp: int) -> int:
+            return lists.setdefault(tp_choices_at(base, cp, pp, ep, etp, bool(sp)), len(lists))
+
+        return self.np_ops.each(number, self.cp, self.pp, self.ep, self.etp, self.sp).astype(np.int64)
 
     def groups(self, names: tuple[str, ...], rows: Any) -> tuple[Any, Any]:
         """(the first of ``rows`` with each distinct value of the columns ``names``, each row's group)."""

@@ -10,7 +10,7 @@ import functools
 import math
 
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from moe_hydra.core import presets
 from moe_hydra.core.arch import Arch
@@ -95,14 +95,14 @@ DISPATCHER_READS = ("cfg.dispatcher.name", "cfg.dispatcher.moe_token_dispatcher_
 COMM_READS = (*DISPATCHER_READS, "cfg.overlap.overlap_moe_expert_parallel_comm")
 READS = {
     "fixed": (),
-    "mesh": (*_LAYOUT, *_MESH, *_BATCH),
+    "mesh": (*_LAYOUT, *_MESH, *_BATCH, "derived.tp_choices"),
     "pipeline": ("layout.world_size", "layout.pp", "layout.dp", *_SPLIT, *_BATCH),
     "recompute": ("layout.pp", "layout.ep", "layout.expert_parallel", *_SPLIT, *_RECOMPUTE),
 }
 # What the layout search varies between candidates: everything a candidate, its recompute level or its
 # communication setting changes (the fixed kind reads none of it).
 VARIED = ("layout.", "batch.", "split", "cfg.parallel.", "cfg.train.micro_batch_size", "cfg.train.global_batch_size",
-          "cfg.recompute.", "cfg.dispatcher.", "cfg.overlap.overlap_moe_expert_parallel_comm")
+          "cfg.recompute.", "cfg.dispatcher.", "cfg.overlap.overlap_moe_expert_parallel_comm", "derived.")
 
 
 def comm_reads(kind: str) -> tuple[str, ...]:
@@ -214,12 +214,38 @@ def _ep_choices(c: Ctx, above_one: bool = False) -> list[int]:
 
 def _tp_choices(c: Ctx) -> list[int]:
     """The TP sizes every TP rule takes (the heads, the query groups, the widths, the sequence with SP, the world,
-    ETP when it follows TP); 1 only without sequence parallelism, above 1 for MoE only with it."""
-    lo, m = c.layout, c.m
-    return list(_tp_sizes(lo.world_size, lo.cp, lo.pp, lo.ep, None if c.p.expert_tensor_parallel_size is None else lo.etp,
-                          lo.sp, c.seq, m.num_attention_heads, m.num_query_groups, m.multi_latent_attention,
-                          m.ffn_hidden_size, m.moe_shared_expert_intermediate_size, m.moe_ffn_hidden_size,
-                          m.num_moe_experts, c.mcore.ep1_etp_wrong_expert_grads))
+    ETP when it follows TP); 1 only without sequence parallelism, above 1 for MoE only with it. Read as one value,
+    ``derived.tp_choices`` (:func:`derived`)."""
+    return list(derived(c, "derived.tp_choices"))
+
+
+def tp_choices_at(c: Ctx, cp: int, pp: int, ep: int, etp: int | None, sp: bool) -> tuple[int, ...]:
+    """:func:`_tp_choices` of a layout of these sizes, the rest (world, sequence, model, megatron-core) ``c``'s
+    (``etp`` None where ETP follows TP): what the layout search computes on its columns."""
+    m = c.m
+    return _tp_sizes(c.layout.world_size, cp, pp, ep, etp, sp, c.seq, m.num_attention_heads, m.num_query_groups,
+                     m.multi_latent_attention, m.ffn_hidden_size, m.moe_shared_expert_intermediate_size,
+                     m.moe_ffn_hidden_size, m.num_moe_experts, c.mcore.ep1_etp_wrong_expert_grads)
+
+
+# Values the fixes compute from many varied paths at once, each read by a rule as one path (:func:`derived`): what
+# they are computed from varies together in a layout search while the values barely do (the TP sizes of DeepSeek-V3's
+# 5,992 layouts with TP above its heads on 16,384 GPUs: 4 lists), so the search keys a rule's answer by the value,
+# computed on its columns (search._Columns.PATH_COLUMNS), instead of running the rule once per layout.
+DERIVED: dict[str, Callable[[Ctx], Any]] = {
+    "derived.tp_choices": lambda c: tp_choices_at(c, c.layout.cp, c.layout.pp, c.layout.ep,
+                                                  None if c.p.expert_tensor_parallel_size is None else c.layout.etp,
+                                                  c.layout.sp),
+}
+
+
+def derived(c: Ctx, path: str) -> Any:
+    """:data:`DERIVED` ``path`` of ``c``'s plan; under a :class:`Recorder`, recorded as that one path (not the
+    paths it is computed from)."""
+    if isinstance(c.r, Recorder):
+        c.r._seen.add(path)
+        c = Ctx(c.r._obj, c.mcore)
+    return DERIVED[path](c)
 
 
 @functools.lru_cache(maxsize=4096)

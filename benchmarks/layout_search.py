@@ -9,9 +9,9 @@ Each measurement runs in a fresh process (no caches carried over), alternating, 
                communication setting that fits -> step-time terms -> rank, the candidates evaluated as numpy
                columns in one process
 
-Then the scaling table: the same model on --gpus (default 128, 1024, 8192 and 16,384 H100s), one run each of the
-baseline and the search: candidates, wall time, layouts/s and the peak memory (the largest resident set of the
-search's processes).
+Then the scaling table: the same model on --gpus (default 128, 1024, 8192 and 16,384 H100s), one run of the
+baseline and the median of --runs of the search: candidates, wall time, layouts/s and the peak memory (the largest
+resident set of the search's processes).
 
     python benchmarks/layout_search.py [--runs 5] [--model deepseek_v3] [--nodes 128] [--gpus 128,1024,8192,16384]
 
@@ -79,11 +79,12 @@ def main() -> None:
     print(f"goal: the search under 1 s: {'met' if f < 1 else 'NOT met'}", flush=True)
     gpus = [int(g) for g in args.gpus.split(",") if g]
     if gpus:
-        print(f"scaling, {args.model}, one fresh process each:\n  {'GPUs':>6} {'candidates':>10} {'baseline s':>10} "
+        print(f"scaling, {args.model}, fresh processes (search: median of {args.runs}):\n  {'GPUs':>6} {'candidates':>10} {'baseline s':>10} "
               f"{'search s':>9} {'layouts/s':>9} {'x baseline':>10} {'peak GiB':>8}")
     for g in gpus:
         _, b, _ = _run(True, args.model, g // 8)
-        n, t, rss = _run(False, args.model, g // 8)
+        runs = [_run(False, args.model, g // 8) for _ in range(args.runs)]
+        n, t, rss = runs[0][0], statistics.median(r[1] for r in runs), max(r[2] for r in runs)
         print(f"  {g:>6} {n:>10} {b:>10.2f} {t:>9.2f} {n / t:>9.0f} {t / b:>10.2f} {rss:>8.2f}", flush=True)
 
 

@@ -50,9 +50,9 @@ import functools
 import gc
 import itertools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from operator import attrgetter
-from collections.abc import Mapping
 from typing import Any, Iterator, NamedTuple
 
 from moe_hydra.core import calibrated_step, overrides, params
@@ -896,9 +896,9 @@ def rank(results: list[Result], domain: int, seq: int) -> None:
     ok = [r for r in results if r.legal and r.fits is not False]
     if not ok:
         return
-    tp, cp, pp, vpp, ep, etp, mbs, _ = (np.array(x) for x in zip(*(r.candidate for r in ok)))
-    vpp[vpp == None] = 1  # noqa: E711 (elementwise)
+    tp, cp, pp, vpp, ep, etp, mbs, _ = zip(*(r.candidate for r in ok))
+    tp, cp, pp, ep, etp, mbs = (np.array(x, dtype=np.int64) for x in (tp, cp, pp, ep, etp, mbs))
     keys = ([r.calibrated is False for r in ok], (cp > 1) & (seq < CP_FROM_SEQ), etp > 1,
-            [round(r.terms["step"], 6) for r in ok], tp * cp * pp, ep * etp > domain, vpp.astype(np.int64), -mbs)
+            [round(r.terms["step"], 6) for r in ok], tp * cp * pp, ep * etp > domain, [v or 1 for v in vpp], -mbs)
     for i, k in enumerate(np.lexsort(keys[::-1]).tolist(), 1):  # lexsort's last key sorts first
         ok[k].rank = i

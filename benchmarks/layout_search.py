@@ -79,8 +79,9 @@ def main() -> None:
     print(f"goal: the search under 1 s: {'met' if f < 1 else 'NOT met'}", flush=True)
     gpus = [int(g) for g in args.gpus.split(",") if g]
     if gpus:
-        print(f"scaling, {args.model}, fresh processes (search: median of {args.runs}):\n  {'GPUs':>6} {'candidates':>10} {'baseline s':>10} "
-              f"{'search s':>9} {'layouts/s':>9} {'x baseline':>10} {'peak GiB':>8}")
+        print(f"scaling, {args.model}, fresh processes (search: median of {args.runs}):\n"
+              f"  {'GPUs':>6} {'candidates':>10} {'baseline s':>10} {'search s':>9} {'layouts/s':>9} {'x baseline':>10} "
+              f"{'peak GiB':>8}")
     for g in gpus:
         _, b, _ = _run(True, args.model, g // 8)
         runs = [_run(False, args.model, g // 8) for _ in range(args.runs)]

@@ -228,15 +228,15 @@ def tp_choices_at(c: Ctx, cp: int, pp: int, ep: int, etp: int | None, sp: bool) 
                      m.moe_ffn_hidden_size, m.num_moe_experts, c.mcore.ep1_etp_wrong_expert_grads)
 
 
-# Values the fixes compute from many varied paths at once, each read by a rule as one path (:func:`derived`): what
-# they are computed from varies together in a layout search while the values barely do (the TP sizes of DeepSeek-V3's
-# 5,992 layouts with TP above its heads on 16,384 GPUs: 4 lists), so the search keys a rule's answer by the value,
-# computed on its columns (search._Columns.PATH_COLUMNS), instead of running the rule once per layout.
 def _tp_choices_of(c: Ctx) -> tuple[int, ...]:
     lo = c.layout
     return tp_choices_at(c, lo.cp, lo.pp, lo.ep, None if c.p.expert_tensor_parallel_size is None else lo.etp, lo.sp)
 
 
+# Values the fixes compute from many varied paths at once, each read by a rule as one path (:func:`derived`): what
+# they are computed from varies together in a layout search while the values barely do (the TP sizes of DeepSeek-V3's
+# 5,992 layouts with TP above its heads on 16,384 GPUs: 4 lists), so the search keys a rule's answer by the value,
+# computed on its columns (search._Columns.PATH_COLUMNS), instead of running the rule once per layout.
 DERIVED: dict[str, Callable[[Ctx], Any]] = {"derived.tp_choices": _tp_choices_of}
 
 

@@ -114,7 +114,7 @@ def test_bisect_names_the_deeper_model_among_six_units(tmp_path):
     optimizer, init and logging keys: reproduced, then ddmin's first half holds it, then that half's first half, then
     its first unit, and it is named alone with its share of the regression and the compute wall. A culprit this large decides in a round or two on
     these noisy cores (full recompute at micro-batch 4, about +12 % here, needs most of bisect.max_repeats)."""
-    r, j = _bisect(tmp_path, [*QUICK, "model.num_layers=4", *NEUTRAL], "bisect.max_repeats=4", "bisect.window=[3,6]")
+    r, j = _bisect(tmp_path, [*QUICK, "model.num_layers=4", *NEUTRAL], "bisect.max_repeats=8", "bisect.window=[3,6]")
     assert j["bisect_version"] == 1 and j["reproduce"]["verdict"] == "slower", j["reproduce"]
     assert j["status"] == "found" and [u["overrides"] for u in j["culprit"]] == [["model.num_layers=4"]], j["trials"]
     assert not j["interaction"] and 0 < j["share"]["rel_step_time"] and j["share"]["of_regression"] > 0.5

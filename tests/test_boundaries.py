@@ -221,6 +221,24 @@ def test_a_signal_in_any_command_ends_it_quietly(tmp_path, name, signame):
         assert err.strip().splitlines()[-1].endswith(said), err[-500:]
 
 
+@pytest.mark.parametrize("raised, code, said", [
+    ("Terminated", 143, "moe_hydra.data: terminated (SIGTERM)"),
+    ("KeyboardInterrupt", 130, "moe_hydra.data: interrupted"), (None, 1, "RecursionError: behind no signal")])
+def test_an_error_a_signal_left_behind_ends_as_the_signal(tmp_path, raised, code, said):
+    """A signal that lands inside an import can leave a half-initialized module whose next use fails on its own (CI:
+    a SIGTERM in torch's import of numpy.linalg, then a RecursionError): the error raised while handling the
+    signal is the signal's ending, one line and 130 / 143; the same error behind no signal is a failure with its
+    traceback."""
+    body = (f"    try:\n        raise {raised}\n    except {raised}:\n        raise RecursionError('after it')\n"
+            if raised else "    raise RecursionError('behind no signal')\n")
+    script = tmp_path / "cmd.py"
+    script.write_text("from moe_hydra.commands import finish\nfrom moe_hydra.core.errors import Terminated\n\n\n"
+                      f"def run():\n{body}\n\nfinish('data', run)\n")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == code and r.stderr.strip().splitlines()[-1] == said, r.stderr[-2000:]
+    assert ("Traceback" in r.stderr) == (raised is None)
+
+
 @pytest.mark.parametrize("argv, orig, command", [
     (["-m"], ["python", "-m", "moe_hydra", "stage=plan"], "run"),
     (["-m"], ["python", "-u", "-m", "moe_hydra.tune", "x"], "tune"),

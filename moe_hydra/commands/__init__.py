@@ -143,7 +143,26 @@ def finish(name: str, run: Callable[[], int | None]) -> NoReturn:
         code = e.code if isinstance(e.code, int) or e.code is None else EXIT_FAILED
     except (KeyboardInterrupt, Terminated) as e:
         code = _stopped(name, e)
+    except Exception as e:
+        stop = _signal_behind(e)
+        if stop is None:
+            raise
+        code = _stopped(name, stop)
     _exit(EXIT_OK if code is None else code)
+
+
+def _signal_behind(e: BaseException) -> KeyboardInterrupt | Terminated | None:
+    """The signal's exception that ``e`` was raised while handling, if any. A signal can land inside an import and
+    leave a half-initialized module behind, whose next use fails with an error of its own (CI saw a SIGTERM during
+    torch's import of ``numpy.linalg`` end in a RecursionError): that error is the signal's ending, one line and
+    130 / 143, not a traceback."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, (KeyboardInterrupt, Terminated)):
+            return e
+        seen.add(id(e))
+        e = e.__context__
+    return None
 
 
 def entry(name: str) -> None:

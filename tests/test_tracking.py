@@ -90,8 +90,8 @@ def _live_history(history: list[dict], results: dict) -> None:
     assert all(h["lm loss"] > 0 and h["grad-norm"] > 0 and h["learning-rate"] > 0 and h["throughput"] > 0
                for h in history)
     assert all(h["moe/imbalance_layer_0"] >= 1 and h["moe/imbalance_layer_1"] >= 1 for h in history)
-    span, first = history[-1]["_timestamp"] - history[0]["_timestamp"], history[0]["_runtime"]
-    assert span >= 0.25 * sum(steps[1:]) / 1e3, (span, first, steps)
+    span = history[-1]["_timestamp"] - history[0]["_timestamp"]
+    assert span >= 0.25 * sum(steps[1:]) / 1e3, (span, steps)
 
 
 @pytest.mark.slow

@@ -86,6 +86,62 @@ def test_collectives_on_two_gloo_processes(tmp_path):
         assert r0["busbw_gb_per_s"] == pytest.approx(r0["algbw_gb_per_s"] * calibrate.bus_factor(r0["op"], 2))
 
 
+def _gloo_threads() -> int:
+    """This process's threads that gloo's process groups own: each keeps two ``pt_gloo_runloop`` and a
+    ``gloo_tcp_loop`` until it is destroyed."""
+    return sum(open(f"/proc/self/task/{t}/comm").read().strip() in ("pt_gloo_runloop", "gloo_tcp_loop")
+               for t in os.listdir("/proc/self/task"))
+
+
+def _one_layout_after_another(rank: int, port: int, out: str) -> None:
+    import gc
+    import weakref
+
+    import torch.distributed as dist
+
+    from moe_hydra.core.resolved import resolve
+    from moe_hydra.job.train import Job
+    from tests.conftest import compose_config
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+    r = resolve(compose_config("stage=calibrate"))
+    job = Job(r, {})
+    job.init_distributed()
+    found = {"threads": []}
+    try:
+        shape = calibrate.shrunk(r, 1, 1, 64, 1)
+        built = calibrate.Built(job, shape)
+        built.timer(shape).step()  # the step leaves its autograd graph in the model (the dispatcher's probabilities)
+        param = weakref.ref(next(built.model[0].parameters()))
+        built.free()
+        gc.collect()
+        found["model_alive"] = param() is not None
+        for _ in range(3):
+            calibrate.release_model_parallel()
+            job.init_model_parallel()
+            found["threads"].append(_gloo_threads())
+    finally:
+        calibrate.release_model_parallel()
+        dist.destroy_process_group()
+    with open(out, "w") as f:
+        json.dump(found, f)
+
+
+def test_a_layout_leaves_nothing_behind_for_the_next(tmp_path):
+    """What one layout's steps used is gone before the next layout's: a stepped model, once freed, is collected
+    (Megatron-Core's DDP hooks and the last step's autograd graph made a cycle Python's collector cannot see, and
+    every model lived until the process ended), and a layout's process groups are destroyed with their threads
+    (Megatron-Core's destroy_model_parallel only forgets them: each layout added its groups' threads, and the
+    layouts measured later ran slower)."""
+    import torch.multiprocessing as mp
+
+    out = str(tmp_path / "found.json")
+    mp.spawn(_one_layout_after_another, args=(_free_port(), out), nprocs=1)
+    found = json.loads(open(out).read())
+    assert found["model_alive"] is False
+    assert found["threads"][0] > 0 and len(set(found["threads"])) == 1, found["threads"]
+
+
 def test_stage_calibrate_measures_this_machine_on_the_jobs_processes(cli, tmp_path):
     """python -m moe_hydra stage=calibrate on two processes (the plan's layout, the dispatcher's other option):
     calibration.json holds the machine; the model's step at every shape of step_shapes (Megatron-Core's training

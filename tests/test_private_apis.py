@@ -1,4 +1,5 @@
-"""The private parts of Hydra, submitit and torch moe_hydra relies on are still there, each named with what it is for.
+"""The private parts of Hydra, submitit, torch and Megatron-Core moe_hydra relies on are still there, each named with
+what it is for.
 
 pyproject.toml caps hydra-core, omegaconf, submitit and hydra-submitit-launcher at the minor releases tested;
 within those ranges, a patch release may still move a private name. This test fails first, naming the name, the
@@ -48,6 +49,8 @@ PRIVATE = [
      "moe_hydra.launch.slurm_jobs: the result pickle of a point's task 0"),
     ("torch.testing._internal.distributed.fake_pg", "FakeStore", "torch",
      "moe_hydra.job.fit: stage=fit's ranks join torch's fake process group at the target world size"),
+    ("megatron.core.parallel_state", "_global_process_group_list", "megatron-core",
+     "moe_hydra.job.calibrate.release_model_parallel: every group Megatron-Core made, destroyed between layouts"),
 ]
 
 

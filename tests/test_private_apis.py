@@ -51,6 +51,10 @@ PRIVATE = [
      "moe_hydra.job.fit: stage=fit's ranks join torch's fake process group at the target world size"),
     ("megatron.core.parallel_state", "_global_process_group_list", "megatron-core",
      "moe_hydra.job.calibrate.release_model_parallel: every group Megatron-Core made, destroyed between layouts"),
+    ("megatron.core.models.common.embeddings.rotary_pos_embedding", "RotaryEmbedding.forward.cache_clear",
+     "megatron-core", "moe_hydra.job.calibrate.release_model_parallel: the lru_cache that keeps a group of every model"),
+    ("megatron.core.models.common.embeddings.yarn_rotary_pos_embedding", "YarnRotaryEmbedding.forward.cache_clear",
+     "megatron-core", "moe_hydra.job.calibrate.release_model_parallel: the lru_cache that keeps a group of every model"),
 ]
 
 

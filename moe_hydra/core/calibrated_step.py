@@ -26,8 +26,8 @@ A calibration holds for what it measured: one model's widths, one implementation
 that change what a layer runs (:func:`holds`), on each layout it measured (one fit each, ``layouts``); its depth,
 micro-batch size, sequence length and micro-batches per step are what the form extrapolates over. The other options
 of the variant groups (:data:`VARIANT_GROUPS`: recompute, the dispatcher) are measured on each layout as what they add
-to its layers' coefficients per token and per token and key (:func:`variant_terms`), each with its own held-out
-error.
+to its layers' coefficients, a factor on their work and more per token and key (:func:`variant_terms`), each with
+its own held-out error.
 
 Pure: the standard library; numpy and scipy inside :func:`fit`.
 """
@@ -127,47 +127,55 @@ def derive(shapes: list[Shape], seconds: list[float]) -> dict[str, Any]:
                        for sh, s, e in zip(shapes, seconds, errors)]}
 
 
-VARIANT_TERMS = ("per_layer_token", "per_layer_token_seq")
+LAYER_TERMS = ("per_layer", "per_layer_token", "per_layer_token_seq")
 
 
 def variant_terms(coefficients: dict[str, float], shapes: list[Shape], seconds: list[float],
                   paired: list[float]) -> dict[str, Any]:
     """An option of a variant group measured at ``shapes`` (``seconds``), each step paired with the layout's own
     option measured just before it at the same shape (``paired``: the machine's drift between the two cancels):
-    what it adds to the layout's coefficients (``coefficients``) of the layers' work per token and per token and
-    key (:data:`VARIANT_TERMS`; ``deltas``), least squares on the ratios to the pairs, each step's extra relative to
-    the layout's fit of it; and each step predicted from its pair with the deltas of the others (held out).
+    what it adds to the layout's coefficients (``coefficients``) of the layers' work (``deltas``, each of
+    :data:`LAYER_TERMS`), fitted as two numbers: a factor on the layers' own work (``layers_factor``, of either
+    sign) and more work per token and key (``extra_per_layer_token_seq``, never below 0); least squares on the
+    ratios to the pairs, each step's extra relative to the layout's fit of it; and each step predicted from its
+    pair with the two numbers of the others (held out).
 
-    Per token, of either sign (a dispatcher moves a token's copies faster or slower; a recompute re-runs the
-    forward's GEMMs and kernels); per token and key, never below 0 (a recompute of core attention re-runs it, a
-    dispatcher does not touch it). A variant is measured at sequences up to 4x the plan's
-    (:func:`moe_hydra.job.calibrate.variant_shapes`) for that second term: on this CPU a selective recompute of core
-    attention costs 1.2x the step at the plan's sequence and 2.3-2.9x at 4x it, far beyond attention's share of the
-    step (one factor on the layers' time, fitted at the plan's sequence, had predicted a 512-token run 43 % short)."""
-    x = []  # each step's multipliers of the two terms, relative to the layout's fit of it
+    A factor on the whole of a layer's work, because a variant changes all of it alike: a full recompute re-runs
+    the forward, its module calls and collectives with its GEMMs (on this CPU with TP 2 it added 32 ms to a 79 ms
+    two-layer step of 128 tokens and 36 ms at 512: mostly a fixed cost; taken as a cost per token, a 1024-token run
+    came out 0.39 too slow), a dispatcher moves each token's copies faster or slower. More per token and key,
+    because a recompute of core attention re-runs the part that grows with the sequence alone: on this CPU a
+    selective recompute of it costs 1.2x the step at the plan's sequence and 2.3-2.9x at 4x it, far beyond the
+    layers' factor measured at one sequence (which had predicted a 512-token run 43 % short); a variant is measured
+    at sequences up to 4x the plan's (:func:`moe_hydra.job.calibrate.variant_shapes`) for it."""
+    x = []  # each step's multipliers of the two numbers, relative to the layout's fit of it
     for sh in shapes:
-        f, own = dict(zip(TERMS, sh.features())), predict(coefficients, sh)[0]
-        x.append(tuple(f[name] / own for name in VARIANT_TERMS))
+        own, terms = predict(coefficients, sh)
+        x.append((terms["layers"] / own, dict(zip(TERMS, sh.features()))["per_layer_token_seq"] / own))
     y = [s / p - 1 for s, p in zip(seconds, paired)]
 
-    def deltas(idx: list[int]) -> tuple[float, float]:
-        # y = d_token x_token + d_key x_key: the normal equations, d_key >= 0 (else d_token alone)
+    def solve(idx: list[int]) -> tuple[float, float]:
+        # y = factor x_layers + key x_key: the normal equations, key >= 0 (else the factor alone)
         aa, bb = sum(x[i][0] ** 2 for i in idx), sum(x[i][1] ** 2 for i in idx)
         ab = sum(x[i][0] * x[i][1] for i in idx)
         ay, by = sum(x[i][0] * y[i] for i in idx), sum(x[i][1] * y[i] for i in idx)
         det = aa * bb - ab * ab
         if det > 1e-12 * aa * bb:
-            token, key = (ay * bb - by * ab) / det, (by * aa - ay * ab) / det
+            factor, key = (ay * bb - by * ab) / det, (by * aa - ay * ab) / det
             if key >= 0:
-                return token, key
+                return factor, key
         return ay / aa, 0.0
 
     every = list(range(len(shapes)))
     errors = []
     for i in every:
-        token, key = deltas([j for j in every if j != i])
-        errors.append(abs(math.log(max(paired[i] * (1 + token * x[i][0] + key * x[i][1]), 1e-12) / seconds[i])))
-    return {"deltas": dict(zip(VARIANT_TERMS, deltas(every))), "held_out": summary(errors),
+        factor, key = solve([j for j in every if j != i])
+        errors.append(abs(math.log(max(paired[i] * (1 + factor * x[i][0] + key * x[i][1]), 1e-12) / seconds[i])))
+    factor, key = solve(every)
+    deltas = {name: factor * coefficients[name] for name in LAYER_TERMS}
+    deltas["per_layer_token_seq"] += key
+    return {"deltas": deltas, "layers_factor": factor, "extra_per_layer_token_seq": key,
+            "held_out": summary(errors),
             "points": [{**asdict(sh), "seconds": s, "paired_seconds": b, "held_out_abs_ln": e}
                        for sh, s, b, e in zip(shapes, seconds, paired, errors)]}
 

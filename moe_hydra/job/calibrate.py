@@ -642,8 +642,9 @@ def worker(spec: dict[str, Any], job: Any) -> dict[str, Any] | None:
         held = lay["held_out"]
         say(f"step on {cs.describe_layout(lay['layout'])} fitted on {held['points']} steps: held out "
             f"(each step predicted by the others) median |ln| {held['median']:.3f}, p90 {held['p90']:.3f}, worst "
-            f"{held['worst']:.3f}" + "".join(f"; {v['group']}={v['option']} adds "
-                                             + ", ".join(f"{d:+.3g} s {k}" for k, d in v["deltas"].items())
-                                             + f" (worst {v['held_out']['worst']:.3f})" for v in lay["variants"]))
+            f"{held['worst']:.3f}" + "".join(f"; {v['group']}={v['option']}: the layers' work x"
+                                             f"{1 + v['layers_factor']:.2f}, {v['extra_per_layer_token_seq']:+.3g} "
+                                             f"s per token and key (worst {v['held_out']['worst']:.3f})"
+                                             for v in lay["variants"]))
     say(f"{len(rows)} measurements in {record['seconds']:.1f} s -> {out_dir / CALIBRATION_FILE}")
     return record

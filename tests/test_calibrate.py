@@ -186,8 +186,11 @@ def test_stage_calibrate_measures_this_machine_on_the_jobs_processes(cli, tmp_pa
     steps = by_kind["step"]
     own = [m for m in steps if "option" not in m]
     assert [shape(m) for m in own] == calibrate.step_shapes(seq)
-    # step_repeats=3 in 2 rounds: 2 timed steps a round
+    # step_repeats=3 in 2 rounds: 2 timed steps a round, each round's median within the steps' range
     assert all(m["median_s"] > 0 and m["samples"] == calibrate.ROUNDS * -(-3 // calibrate.ROUNDS) == 4 for m in steps)
+    assert all(len(m["round_medians_s"]) == calibrate.ROUNDS and m["min_s"] <= min(m["round_medians_s"])
+               and max(m["round_medians_s"]) <= m["max_s"] and m["between_rounds"] == pytest.approx(
+                   math.log(max(m["round_medians_s"]) / min(m["round_medians_s"]))) for m in steps)
     # at each variant shape, allgather right after the layout's own step (its pair), in the measured order
     variant_at = [shape(steps[i - 1]) for i, m in enumerate(steps) if m.get("option") == "allgather"]
     assert variant_at == [s for s in calibrate.step_shapes(seq) if s in calibrate.variant_shapes(seq)]
@@ -212,6 +215,32 @@ def test_stage_calibrate_measures_this_machine_on_the_jobs_processes(cli, tmp_pa
     assert {op for op, _ in ops} == set(calibrate.COLLECTIVES)
     assert all(c["group_size"] == 2 for c in by_kind["collective"])
     assert len(ops) == len(calibrate.COLLECTIVES) * len(calibrate.CPU_COLLECTIVE_BYTES)
+
+
+def test_the_layouts_are_measured_in_passes_there_and_back(monkeypatch):
+    """Every layout's steps in ROUNDS rounds, one a pass over the layouts, every other pass in the opposite order
+    (a drift of the machine over the calibration lands on every layout alike, not on those in the middle), the
+    step_repeats shared between the rounds; the rows in the layouts' order."""
+    from types import SimpleNamespace
+
+    done = []
+
+    class Layout:
+        def __init__(self, job, fields, say):
+            self.fields = fields
+
+        def round(self, timed):
+            done.append((self.fields, timed))
+
+        def result(self, say):
+            return self.fields
+
+    monkeypatch.setattr(calibrate, "layouts", lambda r: ["a", "b", "c"])
+    monkeypatch.setattr(calibrate, "LayoutSteps", Layout)
+    monkeypatch.setattr(calibrate, "ROUNDS", 3)
+    job = SimpleNamespace(r=SimpleNamespace(cfg=SimpleNamespace(calibrate=SimpleNamespace(step_repeats=7))))
+    assert calibrate.steps(job, print) == ["a", "b", "c"]
+    assert [f for f, _ in done] == ["a", "b", "c", "c", "b", "a", "a", "b", "c"] and {t for _, t in done} == {3}
 
 
 def test_the_layouts_and_variants_it_measures_are_every_one_the_job_can_run():

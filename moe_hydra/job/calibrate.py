@@ -24,6 +24,7 @@ torch inside the functions, as the rest of the job.
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -201,7 +202,7 @@ CALIBRATION_VERSION = cs.VERSION
 CALIBRATION_FILE = "calibration.json"
 MICRO_BATCHES = (1, 2, 4)  # micro-batch sizes whose tokens the steps and GEMMs are measured at (>= 3 shapes)
 DEPTHS = (1, 2)  # decoder layers on each pipeline stage of the shrunken models whose steps are measured
-ROUNDS = 2  # rounds a layout's steps are measured in (:func:`rounds`)
+ROUNDS = 2  # passes over the layouts, each a round of every layout's steps (:func:`steps`)
 STEP_WARMUP = 3  # steps discarded on a new model: its first allocate its buffers and the optimizer's states
 CPU_COLLECTIVE_BYTES = tuple(1 << p for p in range(12, 23, 2))  # 4 KiB .. 4 MiB a rank
 GPU_COLLECTIVE_BYTES = tuple(1 << p for p in range(16, 31, 2))  # 64 KiB .. 1 GiB a rank
@@ -359,44 +360,88 @@ def steps(job: Any, say: Callable[[str], None]) -> list[dict[str, Any]]:
     schedule, the optimizer step; the slowest rank's time), on shrunken models: on each layout of :func:`layouts`,
     at every shape of :func:`step_shapes` with the plan's settings, and at :func:`variant_shapes` (some of them)
     with each variant of :func:`variants` right after the layout's own at that shape, its pair (one the rules
-    refuse on a layout is left out there, and said). A model is built once for each depth (and variant) and stepped
-    at each of its shapes, all of a layout's steps in rounds (:func:`rounds`). Returns, per layout: its
+    refuse on a layout is left out there, and said). :data:`ROUNDS` passes over the layouts, every other one in the
+    opposite order, each a round of every layout's steps (:class:`LayoutSteps`): this CPU's speed drifts by tens of
+    percent over minutes, and measured once in sequence the layouts in the middle of a calibration came out 15-20 %
+    slower than an hour earlier (tiny_moe: EP 2 and PP 2, measured third and fourth of six; the first 5 % faster),
+    so that runs on them were predicted up to 0.30 too slow; in passes there and back every layout's steps
+    straddle the calibration, and ``between_rounds`` says how far its rounds differ. Returns, per layout: its
     ``parallel`` fields, the resolved plan of its first step, and its measurements (a variant's with its ``group``,
     ``option`` and ``config``)."""
-    from moe_hydra.core.versions import mcore_facts
-    from moe_hydra.planning import rules
+    lays = [LayoutSteps(job, fields, say) for fields in layouts(job.r)]
+    per_round = -(-job.r.cfg.calibrate.step_repeats // ROUNDS)
+    for n in range(ROUNDS):
+        for lay in lays if n % 2 == 0 else reversed(lays):
+            lay.round(per_round)
+    return [lay.result(say) for lay in lays]
 
-    r = job.r
-    seq, repeats = r.batch.seq_length, r.cfg.calibrate.step_repeats
-    longest = max(s for _, _, s, _ in step_shapes(seq))
-    out = []
-    for fields in layouts(r):
-        first = shrunk(r, DEPTHS[0], 1, seq, 1, fields)
-        release_model_parallel()
-        job.for_plan(first).init_model_parallel()
-        own = {d: Built(job, shrunk(r, d, 1, longest, 1, fields)) for d in DEPTHS}
-        at_variants = variant_shapes(seq)
-        others = []
+
+class LayoutSteps:
+    """One layout's steps: the models it builds (a depth of :data:`DEPTHS`, or a variant's at its depth), the
+    timers stepped on them in order, and what each measured so far. :meth:`round` builds the models on the layout's
+    process groups, steps every timer once more and lets all of it go: a round of :func:`steps`."""
+
+    def __init__(self, job: Any, fields: dict[str, Any], say: Callable[[str], None]):
+        from moe_hydra.core.versions import mcore_facts
+        from moe_hydra.planning import rules
+
+        r = self.r = job.r
+        seq = r.batch.seq_length
+        longest = max(s for _, _, s, _ in step_shapes(seq))
+        self.job, self.fields, self.say = job, fields, say
+        self.first = shrunk(r, DEPTHS[0], 1, seq, 1, fields)
+        self.models = {("", d): shrunk(r, d, 1, longest, 1, fields) for d in DEPTHS}  # built from these plans
+        at_variants, others = variant_shapes(seq), []
         for group, option, values in variants(r):
             refused = rules.check(shrunk(r, DEPTHS[0], 1, seq, 1, fields, {group: values}), mcore_facts())
             if refused:
-                say(f"{group}={option} on {first.layout.describe()}: left out ({refused[0].message})")
+                say(f"{group}={option} on {self.first.layout.describe()}: left out ({refused[0].message})")
                 continue
-            others.append((group, option, values,
-                           {d: Built(job, shrunk(r, d, 1, longest, 1, fields, {group: values}))
-                            for d in dict.fromkeys(shape[0] for shape in at_variants)}))
-        timers = []
+            others.append((group, option, values))
+            for d in dict.fromkeys(shape[0] for shape in at_variants):
+                self.models[(option, d)] = shrunk(r, d, 1, longest, 1, fields, {group: values})
+        self.timers = []
         for shape in step_shapes(seq):  # the layout's own; at a variant shape, each variant right after it
-            timers.append(own[shape[0]].timer(shrunk(r, *shape, fields)))
-            for group, option, values, built in others if shape in at_variants else ():
+            self.timers.append(StepTimer(("", shape[0]), shrunk(r, *shape, fields), {}))
+            for group, option, values in others if shape in at_variants else ():
                 v = shrunk(r, *shape, fields, {group: values})
-                timers.append(built[shape[0]].timer(v, group=group, option=option,
-                                                    config=cs.group_config(v.cfg, group)))
-        rows = rounds(timers, repeats, say)
-        for built in [*own.values(), *(b for *_, models in others for b in models.values())]:
-            built.free()
-        out.append({"parallel": fields, "resolved": first, "measurements": rows})
-    return out
+                self.timers.append(StepTimer((option, shape[0]), v, {"group": group, "option": option,
+                                                                     "config": cs.group_config(v.cfg, group)}))
+
+    def round(self, timed: int) -> None:
+        """The layout's process groups made, its models built and each first stepped :data:`STEP_WARMUP` times (its
+        buffers and the optimizer's states allocated), discarded; then a block per timer in their order: one untimed
+        step at its shape, then ``timed`` timed ones. Blocks, because a step right after another shape's (another
+        model's weights and optimizer states, other activation sizes) runs slower than the same step repeated, as a
+        run repeats it: measured one step a round, every shape came out 10-35 % slower than the real runs it
+        predicts (tiny_moe, 2 processes). The models and the groups let go after."""
+        t0 = time.perf_counter()
+        release_model_parallel()
+        self.job.for_plan(self.first).init_model_parallel()
+        built = {key: Built(self.job, plan) for key, plan in self.models.items()}
+        for t in self.timers:
+            t.on(built[t.model])
+        for t in {t.model: t for t in self.timers}.values():
+            for _ in range(STEP_WARMUP):
+                t.step()
+        for t in self.timers:
+            t.step()  # the first after a switch
+            for _ in range(timed):
+                t.record()
+            t.rounds += 1
+        for b in built.values():
+            b.free()
+        self.say(f"round {self.timers[0].rounds} of {ROUNDS} on {self.first.layout.describe()}: {len(self.timers)} "
+                 f"shapes on {len(built)} models, {len(self.timers) * timed} timed steps in "
+                 f"{time.perf_counter() - t0:.1f} s")
+
+    def result(self, say: Callable[[str], None]) -> dict[str, Any]:
+        """The layout's ``parallel`` fields, the resolved plan of its first step and a measurement row per timer."""
+        rows = [t.row(say) for t in self.timers]
+        apart = [x["between_rounds"] for x in rows]
+        say(f"{self.first.layout.describe()}: its rounds' medians differ by a median |ln| of "
+            f"{statistics.median(apart):.3f} (worst {max(apart):.3f}) over {len(rows)} steps")
+        return {"parallel": self.fields, "resolved": self.first, "measurements": rows}
 
 
 def release_model_parallel() -> None:
@@ -428,26 +473,6 @@ def release_model_parallel() -> None:
     ps.destroy_model_parallel()
 
 
-def rounds(timers: list[StepTimer], repeats: int, say: Callable[[str], None]) -> list[dict[str, Any]]:
-    """Every timer's steps, in :data:`ROUNDS` rounds, each a block per timer in their order: one untimed step at its
-    shape, then ``ceil(repeats / ROUNDS)`` timed ones. Blocks, because a step right after another shape's (another
-    model's weights and optimizer states, other activation sizes) runs slower than the same step repeated, as a
-    run repeats it: measured one step a round, every shape came out 10-35 % slower than the real runs it predicts
-    (tiny_moe, 2 processes); rounds, because this CPU's speed drifts by tens of percent over a minute (its first
-    steps after a model is built run slowest), and a second round spreads the drift over every shape instead of
-    loading it onto the first measured. Each model is first stepped :data:`STEP_WARMUP` times (its buffers and the
-    optimizer's states allocated), discarded. A measurement row per timer."""
-    for t in {id(t.built): t for t in timers}.values():
-        for _ in range(STEP_WARMUP):
-            t.step()
-    for _ in range(ROUNDS):
-        for t in timers:
-            t.step()  # the first after a switch
-            for _ in range(-(-repeats // ROUNDS)):
-                t.record()
-    return [t.row(say) for t in timers]
-
-
 class Built:
     """A shrunken model of one depth (and settings), built, wrapped in Megatron-Core's DDP and given its optimizer
     on this rank, to be stepped at several shapes (:meth:`timer`): its micro-batch, sequence (up to the one it was
@@ -460,7 +485,7 @@ class Built:
 
     def timer(self, r: Any, **extra: Any) -> StepTimer:
         """Steps of shrunken plan ``r`` (this model's depth and settings); ``extra`` goes into its row."""
-        return StepTimer(self, r, extra)
+        return StepTimer(None, r, extra).on(self)
 
     def free(self) -> None:
         """The model and its optimizer let go. Megatron-Core's DDP hooks each parameter's gradient accumulator with a
@@ -478,22 +503,29 @@ class Built:
 
 
 class StepTimer:
-    """One shape's steps on a built model: each on mock tokens, timed as the job times a step (``Job._timed``), after
-    a barrier; :meth:`row` reduces them to the slowest rank's."""
+    """One shape's steps on one of a layout's models (``model``: its key in :attr:`LayoutSteps.models`), over every
+    round: each on mock tokens, timed as the job times a step (``Job._timed``), after a barrier; :meth:`on` binds it
+    to the round's build of its model; :meth:`row` reduces its steps to the slowest rank's."""
 
-    def __init__(self, built: Built, r: Any, extra: dict[str, Any]):
-        from megatron.core import parallel_state as ps
-
+    def __init__(self, model: Any, r: Any, extra: dict[str, Any]):
         from moe_hydra.job.data import MockData
 
-        self.built, self.r, self.extra, self.seconds, self.calls = built, r, extra, [], 0
+        self.model, self.r, self.extra, self.built = model, r, extra, None
+        self.seconds, self.calls, self.rounds = [], 0, 0  # timed steps (rounds of them), steps made, rounds done
         self.host, self.device = [], []  # a GPU's: the host's time to enqueue the step, the CUDA events' span
-        self.job, b = built.job.for_plan(r), r.batch
-        self.job.memory_phases = None
+        b = r.batch
         self.data = MockData(r.cfg.model.vocab_size, b.seq_length, b.micro_batch_size, b.global_batch_size,
                              b.micro_batches_per_step, r.cfg.data.seed)
+
+    def on(self, built: Built) -> StepTimer:
+        """Steps from now on ``built``'s model (this shape's depth and settings)."""
+        from megatron.core import parallel_state as ps
+
+        self.built, self.job = built, built.job.for_plan(self.r)
+        self.job.memory_phases = None
         self.forward_step = self.job._forward_step(self.data, built.tcfg)
         self.dp_rank = ps.get_data_parallel_rank()
+        return self
 
     def step(self) -> tuple[float, float | None, float | None]:
         """One step's seconds on this rank: wall, and on a GPU the host's and the device's (CUDA events)."""
@@ -528,11 +560,15 @@ class StepTimer:
         r, b = self.r, self.r.batch
         slowest = torch.tensor(self.seconds, dtype=torch.float64, device=self.job.device)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # a step takes as long as its slowest rank
+        slowest = slowest.tolist()
         layers = max(len(x.layers) for x in r.split)
         m = Measurement("step", {"layout": r.layout.describe(), "layers": layers, "pp": r.layout.pp,
                                  "micro_batch_size": b.micro_batch_size, "seq_length": b.seq_length,
                                  "microbatches": b.micro_batches_per_step},
-                        slowest.tolist(), float(b.tokens_per_step), "token", warmup=self.calls - len(self.seconds))
+                        slowest, float(b.tokens_per_step), "token", warmup=self.calls - len(self.seconds))
+        each = len(slowest) // max(self.rounds, 1)
+        medians = [statistics.median(slowest[i:i + each]) for i in range(0, len(slowest), each)]
+        rounds = {"round_medians_s": medians, "between_rounds": math.log(max(medians) / min(medians))}
         apart = {}
         if self.device:  # a GPU: where the step's time went, the host's enqueueing against the device's kernels
             apart = {"host_median_s": statistics.median(self.host), "device_median_s": statistics.median(self.device)}
@@ -542,7 +578,7 @@ class StepTimer:
             + f", {r.cfg.dispatcher.name}: {m.median_s * 1e3:.1f} ms"
             + (f" (device {apart['device_median_s'] * 1e3:.1f} ms, host {apart['host_median_s'] * 1e3:.1f} ms)"
                if apart else ""))
-        return {**m.as_dict(), **apart, **self.extra}
+        return {**m.as_dict(), **rounds, **apart, **self.extra}
 
 
 def fit_steps(measured: list[dict[str, Any]], r: Any) -> dict[str, Any]:
@@ -633,7 +669,9 @@ def worker(spec: dict[str, Any], job: Any) -> dict[str, Any] | None:
                          "step_repeats": r.cfg.calibrate.step_repeats, "clock": "time.perf_counter, after "
                          "torch.cuda.synchronize on a GPU", "collective_time": "the slowest rank's",
                          "step_time": "the slowest rank's, as the job times a step",
-                         "step_order": f"{ROUNDS} rounds, each a block per shape of a layout: a step untimed, then "
+                         "step_order": f"{ROUNDS} passes over the layouts, every other one in the opposite order, "
+                                       f"each a round of a layout's steps: its models built, {STEP_WARMUP} steps of "
+                                       f"each discarded, then a block per shape: a step untimed, then "
                                        f"ceil(step_repeats / {ROUNDS}) timed",
                          "step_host_device": "on a GPU, rank 0's host_median_s (the host enqueueing the step) and "
                                              "device_median_s (CUDA events around it)"}}

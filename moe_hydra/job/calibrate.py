@@ -385,7 +385,7 @@ class LayoutSteps:
         from moe_hydra.core.versions import mcore_facts
         from moe_hydra.planning import rules
 
-        r = self.r = job.r
+        r = job.r
         seq = r.batch.seq_length
         longest = max(s for _, _, s, _ in step_shapes(seq))
         self.job, self.fields, self.say = job, fields, say

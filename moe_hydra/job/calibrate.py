@@ -390,7 +390,7 @@ class LayoutSteps:
         longest = max(s for _, _, s, _ in step_shapes(seq))
         self.job, self.fields, self.say = job, fields, say
         self.first = shrunk(r, DEPTHS[0], 1, seq, 1, fields)
-        self.models = {("", d): shrunk(r, d, 1, longest, 1, fields) for d in DEPTHS}  # built from these plans
+        self.models = {("", "", d): shrunk(r, d, 1, longest, 1, fields) for d in DEPTHS}  # built from these plans
         at_variants, others = variant_shapes(seq), []
         for group, option, values in variants(r):
             refused = rules.check(shrunk(r, DEPTHS[0], 1, seq, 1, fields, {group: values}), mcore_facts())
@@ -399,13 +399,13 @@ class LayoutSteps:
                 continue
             others.append((group, option, values))
             for d in dict.fromkeys(shape[0] for shape in at_variants):
-                self.models[(option, d)] = shrunk(r, d, 1, longest, 1, fields, {group: values})
+                self.models[(group, option, d)] = shrunk(r, d, 1, longest, 1, fields, {group: values})
         self.timers = []
         for shape in step_shapes(seq):  # the layout's own; at a variant shape, each variant right after it
-            self.timers.append(StepTimer(("", shape[0]), shrunk(r, *shape, fields), {}))
+            self.timers.append(StepTimer(("", "", shape[0]), shrunk(r, *shape, fields), {}))
             for group, option, values in others if shape in at_variants else ():
                 v = shrunk(r, *shape, fields, {group: values})
-                self.timers.append(StepTimer((option, shape[0]), v, {"group": group, "option": option,
+                self.timers.append(StepTimer((group, option, shape[0]), v, {"group": group, "option": option,
                                                                      "config": cs.group_config(v.cfg, group)}))
 
     def round(self, timed: int) -> None:

@@ -196,15 +196,20 @@ def test_a_variant_adds_its_measured_terms(tmp_path):
         **TRUE, "per_layer_token": 0.0}
 
 
+def _variant_deltas(factor: float, key: float) -> dict:
+    """What a variant adds to TRUE's layer coefficients: ``factor`` times each, and ``key`` per token and key."""
+    deltas = {name: factor * TRUE[name] for name in cs.LAYER_TERMS}
+    deltas["per_layer_token_seq"] += key
+    return deltas
+
+
 def _variant_steps(shapes, factor: float, key: float, noise: float = 0.02, seed: int = 1):
     """(seconds, paired) of a variant that multiplies the layers' work by ``1 + factor`` and adds ``key`` per token and
     key, each pair drifting together (the machine slower or faster from one pair to the next: it cancels in each
     pair), ``noise`` on every step."""
     rng = random.Random(seed)
     drift = [rng.uniform(0.7, 1.3) for _ in shapes]
-    deltas = {name: factor * TRUE[name] for name in cs.LAYER_TERMS}
-    deltas["per_layer_token_seq"] += key
-    variant = cs.with_variants(TRUE, [{"deltas": deltas}])
+    variant = cs.with_variants(TRUE, [{"deltas": _variant_deltas(factor, key)}])
     paired = [cs.predict(TRUE, sh)[0] * d * math.exp(rng.gauss(0, noise)) for sh, d in zip(shapes, drift)]
     seconds = [cs.predict(variant, sh)[0] * d * math.exp(rng.gauss(0, noise)) for sh, d in zip(shapes, drift)]
     return seconds, paired
@@ -230,9 +235,8 @@ def test_a_variants_terms_are_recovered_and_held_out(factor, key):
                                          + v["extra_per_layer_token_seq"]})
     assert v["held_out"]["worst"] < 0.08, v
     far = cs.Shape(1, 2, 4, 8 * 128, 128)  # a 4-layer run of 8 sequences, two micro-batches: beyond every shape
-    true = {name: factor * TRUE[name] for name in cs.LAYER_TERMS}
-    true["per_layer_token_seq"] += key
-    predicted, seconds_far = (cs.predict(cs.with_variants(TRUE, [x]), far)[0] for x in (v, {"deltas": true}))
+    predicted, seconds_far = (cs.predict(cs.with_variants(TRUE, [x]), far)[0]
+                              for x in (v, {"deltas": _variant_deltas(factor, key)}))
     assert abs(math.log(predicted / seconds_far)) < 0.05
 
 

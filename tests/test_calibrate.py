@@ -160,7 +160,7 @@ def test_a_layout_leaves_nothing_behind_for_the_next(tmp_path):
 def test_stage_calibrate_measures_this_machine_on_the_jobs_processes(cli, tmp_path):
     """python -m moe_hydra stage=calibrate on two processes (the plan's layout, the dispatcher's other option):
     calibration.json holds the machine; the model's step at every shape of step_shapes (Megatron-Core's training
-    step on both, at depths 1 and 2) fitted with its held-out error; allgather at each variant shape right after
+    step on both, at depths 1 and 3) fitted with its held-out error; allgather at each variant shape right after
     the layout's own there, its factor held out; every GEMM of the model at three micro-batches' tokens, the memory
     bandwidth and each collective across sizes over both."""
     from moe_hydra.core.arch import Arch
@@ -243,6 +243,20 @@ def test_the_layouts_are_measured_in_passes_there_and_back(monkeypatch):
     assert [f for f, _ in done] == ["a", "b", "c", "c", "b", "a", "a", "b", "c"] and {t for _, t in done} == {3}
 
 
+def test_each_model_is_warmed_up_on_its_largest_micro_batch_at_the_fewest_a_step():
+    """A round first steps each model on the shape of the most tokens a micro-batch (its largest buffers), of those
+    the one of the fewest micro-batches a step; one timer a model, in the models' order."""
+    from types import SimpleNamespace
+
+    def timer(model, mbs, seq, m):
+        return SimpleNamespace(model=model, r=SimpleNamespace(batch=SimpleNamespace(
+            micro_batch_size=mbs, seq_length=seq, micro_batches_per_step=m)))
+
+    timers = [timer("d1", 1, 128, 1), timer("d1", 4, 128, 1), timer("d1", 1, 512, 1), timer("d1", 1, 128, 8),
+              timer("v", 1, 128, 1), timer("d1", 4, 128, 2), timer("v", 2, 128, 1)]
+    assert calibrate.warmup_timers(timers) == [timers[1], timers[6]]
+
+
 def test_the_layouts_and_variants_it_measures_are_every_one_the_job_can_run():
     """On two processes, tiny_moe: the plan's layout first, then each TP, PP, EP, ETP the rules allow (TP 2 with
     ETP 1 and EP 1 is refused: V01), each once; the recompute levels and the other dispatcher as variants, the
@@ -268,16 +282,16 @@ def test_the_layouts_and_variants_it_measures_are_every_one_the_job_can_run():
 @pytest.mark.slow
 @pytest.mark.serial
 def test_a_calibration_predicts_runs_it_never_saw(cli, tmp_path):
-    """Held out, never the fit: calibrated on one process (depths 1 and 2, micro-batches of up to 4, full
+    """Held out, never the fit: calibrated on one process (depths 1 and 3, micro-batches of 1, 2 and 8 a step, full
     recompute as a variant), the plan predicts runs of shapes it never measured — 4 layers with two micro-batches a
-    step; 3 layers, micro-batch 4, full recompute — within x1.5 of 20 steady steps each (this CPU's runs of one
+    step; 2 layers, micro-batch 4, full recompute — within x1.5 of 20 steady steps each (this CPU's runs of one
     config differ by up to x1.6: docs/cpu.md)."""
     cal = tmp_path / "cal"
     r = cli("stage=calibrate", "logger=none", "calibrate.layouts=plan", "calibrate.variants=[recompute]",
             f"hydra.run.dir={cal}", timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     for i, config in enumerate([["model.num_layers=4", "train.micro_batch_size=2", "train.global_batch_size=4"],
-                                ["model.num_layers=3", "recompute=full"]]):
+                                ["model.num_layers=2", "recompute=full"]]):
         common = ["logger=none", *config, "contract.warmup_steps=3", "contract.window=[4,23]", "train.train_iters=23"]
         plan = cli("stage=plan", *common, f"hardware.calibration={cal / 'calibration.json'}",
                    f"hydra.run.dir={tmp_path / f'plan{i}'}")

@@ -582,7 +582,7 @@ class CalibrateConfig:
     # factor): recompute (none, selective, full), dispatcher (alltoall, allgather; MoE models).
     variants: List[str] = field(default_factory=lambda: ["recompute", "dispatcher"])
     # Timed steps of each measured shape, after 3 discarded on a new model (1 on one already stepped).
-    step_repeats: int = 7
+    step_repeats: int = 6
 
 
 @dataclass(kw_only=True, slots=True)

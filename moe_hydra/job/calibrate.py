@@ -201,7 +201,7 @@ def collective(op: str, nbytes: int, group: Any = None, dtype: Any = None, devic
 CALIBRATION_VERSION = cs.VERSION
 CALIBRATION_FILE = "calibration.json"
 MICRO_BATCHES = (1, 2, 4)  # micro-batch sizes whose tokens the steps and GEMMs are measured at (>= 3 shapes)
-DEPTHS = (1, 2)  # decoder layers on each pipeline stage of the shrunken models whose steps are measured
+DEPTHS = (1, 3)  # decoder layers on each pipeline stage of the shrunken models whose steps are measured
 ROUNDS = 2  # passes over the layouts, each a round of every layout's steps (:func:`steps`)
 STEP_WARMUP = 3  # steps discarded on a new model: its first allocate its buffers and the optimizer's states
 CPU_COLLECTIVE_BYTES = tuple(1 << p for p in range(12, 23, 2))  # 4 KiB .. 4 MiB a rank
@@ -274,15 +274,18 @@ def step_shapes(seq_length: int) -> list[tuple[int, int, int, int]]:
     """(layers a stage, micro-batch size, sequence length, micro-batches a step) of the steps :func:`steps`
     measures on each layout: each depth of :data:`DEPTHS` at micro-batches of 1, 2 and 4 sequences and at one
     sequence two and four times as long, one micro-batch a step; at micro-batches of 1 and 2 sequences, two a step;
-    and at one sequence, four a step. Three sequence lengths, because core attention grows with the tokens times the
+    and at one sequence, eight a step. Three sequence lengths, because core attention grows with the tokens times the
     keys: at two the term hides in the noise (fitted at 0 on tiny_moe, a 512-token run then came out 3x slower than
-    predicted). What is once a step is told apart from what is once a micro-batch by the steps of two and four, at
-    both depths (with two at most, a PP2 run of four a step came out 12 % short on tiny_moe; 7 % with four); each
-    term stays measured by at least two steps, so that every step can be predicted by the others (the held-out
-    check)."""
+    predicted). What is once a step is told apart from what is once a micro-batch by the steps of two and eight, at
+    both depths (with two at most, a PP2 run of four a step came out 12 % short on tiny_moe). Depths 1 and 3, and
+    eight a step, so that a run is predicted within the measured range or near it: an error in the difference of
+    two measured depths (or micro-batch counts) grows with the distance the prediction reaches beyond them (from
+    depths 1 and 2 a 4-layer run reads 3x the difference, from 1 and 3 1.5x; from up to 4 micro-batches, 5 of a PP2
+    schedule's slots, a run of 8 reads 9). Each term stays measured by at least two steps, so that every step can
+    be predicted by the others (the held-out check)."""
     out = [(d, b, seq_length, 1) for d in DEPTHS for b in MICRO_BATCHES]
     out += [(d, 1, k * seq_length, 1) for d in DEPTHS for k in (2, 4)]
-    return out + [(d, b, seq_length, m) for d in DEPTHS for b, m in ((1, 2), (2, 2), (1, 4))]
+    return out + [(d, b, seq_length, m) for d in DEPTHS for b, m in ((1, 2), (2, 2), (1, 8))]
 
 
 def variant_shapes(seq_length: int) -> list[tuple[int, int, int, int]]:
@@ -410,7 +413,7 @@ class LayoutSteps:
 
     def round(self, timed: int) -> None:
         """The layout's process groups made, its models built and each first stepped :data:`STEP_WARMUP` times (its
-        buffers and the optimizer's states allocated), discarded; then a block per timer in their order: one untimed
+        buffers and the optimizer's states allocated: :func:`warmup_timers`), discarded; then a block per timer in their order: one untimed
         step at its shape, then ``timed`` timed ones. Blocks, because a step right after another shape's (another
         model's weights and optimizer states, other activation sizes) runs slower than the same step repeated, as a
         run repeats it: measured one step a round, every shape came out 10-35 % slower than the real runs it
@@ -421,7 +424,7 @@ class LayoutSteps:
         built = {key: Built(self.job, plan) for key, plan in self.models.items()}
         for t in self.timers:
             t.on(built[t.model])
-        for t in {t.model: t for t in self.timers}.values():
+        for t in warmup_timers(self.timers):
             for _ in range(STEP_WARMUP):
                 t.step()
         for t in self.timers:
@@ -442,6 +445,19 @@ class LayoutSteps:
         say(f"{self.first.layout.describe()}: its rounds' medians differ by a median |ln| of "
             f"{statistics.median(apart):.3f} (worst {max(apart):.3f}) over {len(rows)} steps")
         return {"parallel": self.fields, "resolved": self.first, "measurements": rows}
+
+
+def warmup_timers(timers: list[StepTimer]) -> list[StepTimer]:
+    """The timer each model is first stepped on, in the models' order: its shape of the most tokens a micro-batch
+    (the largest activations: the process's heap grows to what the timed steps need), of those the fewest
+    micro-batches a step (the cheapest)."""
+    first: dict[Any, StepTimer] = {}
+    for t in timers:
+        b, best = t.r.batch, first.get(t.model)
+        if best is None or (b.micro_batch_size * b.seq_length, -b.micro_batches_per_step) > (
+                best.r.batch.micro_batch_size * best.r.batch.seq_length, -best.r.batch.micro_batches_per_step):
+            first[t.model] = t
+    return list(first.values())
 
 
 def release_model_parallel() -> None:

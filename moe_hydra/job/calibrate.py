@@ -238,7 +238,8 @@ def machine(device: Any, world: int) -> dict[str, Any]:
     gpu = getattr(device, "type", "cpu") == "cuda"
     return {"device": torch.cuda.get_device_name(device) if gpu else platform.processor() or platform.machine(),
             "device_type": "cuda" if gpu else "cpu", "processes": world, "host": platform.node(),
-            "cpus": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__, "megatron_core": versions.installed_mcore_version(),
+            "cpus": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "megatron_core": versions.installed_mcore_version(),
             "cuda": torch.version.cuda if gpu else None}
 
 
@@ -413,11 +414,11 @@ class LayoutSteps:
 
     def round(self, timed: int) -> None:
         """The layout's process groups made, its models built and each first stepped :data:`STEP_WARMUP` times (its
-        buffers and the optimizer's states allocated: :func:`warmup_timers`), discarded; then a block per timer in their order: one untimed
-        step at its shape, then ``timed`` timed ones. Blocks, because a step right after another shape's (another
-        model's weights and optimizer states, other activation sizes) runs slower than the same step repeated, as a
-        run repeats it: measured one step a round, every shape came out 10-35 % slower than the real runs it
-        predicts (tiny_moe, 2 processes). The models and the groups let go after."""
+        buffers and the optimizer's states allocated: :func:`warmup_timers`), discarded; then a block per timer in
+        their order: one untimed step at its shape, then ``timed`` timed ones. Blocks, because a step right after
+        another shape's (another model's weights and optimizer states, other activation sizes) runs slower than the
+        same step repeated, as a run repeats it: measured one step a round, every shape came out 10-35 % slower than
+        the real runs it predicts (tiny_moe, 2 processes). The models and the groups let go after."""
         t0 = time.perf_counter()
         release_model_parallel()
         self.job.for_plan(self.first).init_model_parallel()

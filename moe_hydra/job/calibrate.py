@@ -452,13 +452,12 @@ def warmup_timers(timers: list[StepTimer]) -> list[StepTimer]:
     """The timer each model is first stepped on, in the models' order: its shape of the most tokens a micro-batch
     (the largest activations: the process's heap grows to what the timed steps need), of those the fewest
     micro-batches a step (the cheapest)."""
-    first: dict[Any, StepTimer] = {}
-    for t in timers:
-        b, best = t.r.batch, first.get(t.model)
-        if best is None or (b.micro_batch_size * b.seq_length, -b.micro_batches_per_step) > (
-                best.r.batch.micro_batch_size * best.r.batch.seq_length, -best.r.batch.micro_batches_per_step):
-            first[t.model] = t
-    return list(first.values())
+    def largest(t: StepTimer) -> tuple[int, int]:
+        b = t.r.batch
+        return b.micro_batch_size * b.seq_length, -b.micro_batches_per_step
+
+    return [max((t for t in timers if t.model == model), key=largest)
+            for model in dict.fromkeys(t.model for t in timers)]
 
 
 def release_model_parallel() -> None:

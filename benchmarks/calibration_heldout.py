@@ -12,11 +12,7 @@
    median, p90 and worst over all; and per group of layouts of one model and batch, whether the measured best is
    the predicted best or within 5 % of it;
 4. the first configuration run once more at the end: how far the machine's own speed drifted meanwhile (a
-   calibration predicts the machine as it was while it measured);
-5. the runs are made with the calibration (``hardware.calibration``), so each measures the machine's reference
-   (``moe_hydra.job.calibrate.reference``) at its start and end against the calibration's: the errors again with
-   the predictions times that ratio (``results.json``'s ``machine_reference.step_time_s``), and how far the ratio
-   follows the runs' measured/predicted (Pearson's r of their logs).
+   calibration predicts the machine as it was while it measured).
 
 Goals (issue 36): median <= 0.10, p90 <= 0.20, worst <= 0.30; the measured best predicted in every group. Takes
 about an hour on 2 cores (the calibrations 13-14 minutes of it); run it alone (another load moves the step times).
@@ -101,22 +97,18 @@ def predict(root: Path, name: str, overrides: list[str], cal: Path) -> dict:
     return json.loads((d / "plan.json").read_text())["step_time"]
 
 
-def measure(root: Path, name: str, overrides: list[str], runs: int, window: int,
-            cal: Path | None = None) -> list[dict]:
-    """Each run's ``results.json`` (``runs`` of them), made with ``cal`` as its ``hardware.calibration`` (the machine's
-    reference measured against it)."""
+def measure(root: Path, name: str, overrides: list[str], runs: int, window: int) -> list[float]:
     out = []
     for i in range(runs):
         d = root / "runs" / f"{name}-{i}"
         if not (d / "results.json").exists():
-            r = _cli([*BASE, *overrides, *([f"hardware.calibration={cal}"] if cal else []),
-                      f"contract.warmup_steps={WARMUP}",
+            r = _cli([*BASE, *overrides, f"contract.warmup_steps={WARMUP}",
                       f"contract.window=[{WARMUP + 1},{WARMUP + window}]", f"train.train_iters={WARMUP + window}",
                       f"hydra.run.dir={d}"])
             if r.returncode != 0:
                 print(f"  {name}: run {i} failed: {(r.stdout + r.stderr).strip().splitlines()[-1]}", flush=True)
                 continue
-        out.append(json.loads((d / "results.json").read_text()))
+        out.append(json.loads((d / "results.json").read_text())["step_time_ms"] / 1e3)
     return out
 
 
@@ -124,7 +116,7 @@ def drift(root: Path, first: dict, window: int) -> None:
     """The first configuration measured once more at the end: how far this machine's speed moved while the
     benchmark ran (tens of minutes). A calibration predicts the machine as it was while it measured: on this CPU a
     run 45 minutes later once came out 0.22 (|ln|) slower, beyond any run-to-run noise within minutes."""
-    again = [x["step_time_ms"] / 1e3 for x in measure(root, f"{first['name']}-again", first["overrides"], 1, window)]
+    again = measure(root, f"{first['name']}-again", first["overrides"], 1, window)
     if again:
         print(f"machine drift: {first['name']} measured {first['measured'] * 1e3:.1f} ms at the start, "
               f"{again[0] * 1e3:.1f} ms at the end (|ln| {abs(math.log(again[0] / first['measured'])):.3f})",
@@ -137,23 +129,6 @@ def earlier_runs(dirs: list[Path], name: str) -> list[float]:
     against runs of several hours its error is the calibration's own, less the hour's state of the machine."""
     return [json.loads(f.read_text())["step_time_ms"] / 1e3
             for d in dirs for f in sorted((d / "runs").glob(f"{name}-[0-9]*/results.json"))]
-
-
-def state(rows: list[dict]) -> None:
-    """The errors with each prediction times its runs' machine reference against the calibration's, and whether
-    that ratio follows the runs' measured/predicted at all (Pearson's r of their logs)."""
-    from scipy import stats
-
-    with_ref = [r for r in rows if r["ratio"]]
-    if len(with_ref) < 3:
-        return
-    print(f"with the machine's state divided out ({len(with_ref)} configurations; each prediction times its runs' "
-          f"reference against the calibration's, median x{statistics.median(r['ratio'] for r in with_ref):.3f}): "
-          f"{summary([abs(math.log(r['predicted'] * r['ratio'] / r['measured'])) for r in with_ref])}")
-    fit = stats.pearsonr([math.log(r["ratio"]) for r in with_ref],
-                         [math.log(r["measured"] / r["predicted"]) for r in with_ref])
-    print(f"  the reference's ln ratio against ln(measured/predicted): Pearson r {fit.statistic:.2f} "
-          f"(p {fit.pvalue:.2g})")
 
 
 def summary(errs: list[float]) -> str:
@@ -192,9 +167,7 @@ def main() -> None:
         name = f"{model}-{group}-{layout}"
         st = predict(root, name, overrides, cals[model])
         seconds = st.get("seconds") if isinstance(st, dict) else None
-        results = measure(root, name, overrides, a.runs, a.window, cals[model])
-        measured = [x["step_time_ms"] / 1e3 for x in results]
-        ratios = [x["machine_reference"]["vs_calibration"] for x in results if x.get("machine_reference")]
+        measured = measure(root, name, overrides, a.runs, a.window)
         if seconds is None or not measured:
             why = st.get("error") or "; ".join((st.get("calibration") or {}).get("differences") or [])
             print(f"{model:9} {group:18} {layout:6} not predicted: {why}", flush=True)
@@ -204,13 +177,9 @@ def main() -> None:
         err = abs(math.log(seconds / mean))
         before = earlier_runs(a.earlier, name)
         earlier = statistics.fmean(before) if before else None
-        # the machine's state over the runs against the calibration's: their references' geometric mean
-        ratio = math.exp(statistics.fmean(math.log(x) for x in ratios)) if len(ratios) == len(measured) else None
         rows.append({"model": model, "group": group, "layout": layout, "predicted": seconds, "measured": mean,
-                     "err": err, "noise": noise, "name": name, "overrides": overrides, "earlier": earlier,
-                     "ratio": ratio})
+                     "err": err, "noise": noise, "name": name, "overrides": overrides, "earlier": earlier})
         print(f"{model:9} {group:18} {layout:6} {seconds * 1e3:8.1f}ms {mean * 1e3:7.1f}ms {err:6.3f} {noise:6.3f}"
-              + (f"   reference x{ratio:.3f} {abs(math.log(seconds * ratio / mean)):6.3f}" if ratio else "")
               + (f"   earlier {earlier * 1e3:7.1f}ms ({len(before)} runs) {abs(math.log(seconds / earlier)):6.3f}"
                  if earlier else ""), flush=True)
     errs = [r["err"] for r in rows]
@@ -220,7 +189,6 @@ def main() -> None:
     print(f"\n{len(errs)} configurations held out: median |ln| {statistics.median(errs):.3f} (goal <= 0.10), "
           f"p90 {pct(errs, 0.9):.3f} (<= 0.20), worst {max(errs):.3f} (<= 0.30); run-to-run noise median "
           f"{statistics.median([r['noise'] for r in rows if r['noise'] == r['noise']] or [0]):.3f}")
-    state(rows)
     before = [r for r in rows if r["earlier"]]
     if before:
         print(f"against the earlier benchmarks' runs ({len(before)} configurations, {len(a.earlier)} benchmarks' "

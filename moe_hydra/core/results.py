@@ -203,11 +203,6 @@ FIELDS: dict[str, tuple[Check, str]] = {
     "startup": (mapping(null=True), "seconds from the command's start to step 1 on rank 0, and how the ranks started"),
     "startup.seconds": (number(0, null=False), "the start-up, s"),
     "startup.start": (text(choices=STARTS), "how the ranks started (moe_hydra.core.startup)"),
-    "machine_reference": (mapping(null=True), "hardware.calibration with a reference: the machine's state at the "
-                          "run's start and end against the calibration's (moe_hydra.job.calibrate.machine_reference)"),
-    **{f"machine_reference.{k}": (number(0, null=True), what) for k, what in (
-        ("vs_calibration", "the run's reference time over the calibration's (> 1: slower now)"),
-        ("step_time_s", "the plan's step time times vs_calibration, s"))},
     "profile": (mapping(null=True), "profile=window: the slowest rank's walls (profile.json has the rest)"),
     "profile.steps": (pair(), "the profiled [first, last]"),
     **{f"profile.{k}": (number(0, null=False), "ms summed over the profiled steps") for k in (

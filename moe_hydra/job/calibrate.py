@@ -8,11 +8,6 @@ step model reads (the median's). What is measured, and how a rate is defined:
   counter gives a GEMM); TFLOP/s.
 - :func:`memory_bandwidth`: ``y.copy_(x)``, which reads and writes every byte once: 2 x the tensor's bytes a call;
   GB/s (what the kernels between the GEMMs move runs at this).
-- :func:`reference`: the machine's state in a fraction of a second — one fixed training step of a plain two-GEMM
-  MLP (forward, backward, its gradients all-reduced over every process, the update), the same whatever the model;
-  12 t h f FLOPs a call; TFLOP/s. ``stage=calibrate`` times it before each round of a layout's steps, and a run
-  with ``hardware.calibration`` at its start and end: its ratio says how much slower or faster this machine is now
-  than while it was calibrated, apart from the configuration (:func:`machine_reference`).
 - :func:`collective`: one collective over a process group, ``nbytes`` the size of each rank's buffer — the input of
   all_reduce, reduce-scatter and all_to_all_single, the output of all-gather, the message of a
   send/receive ring — as nccl-tests sizes them; its algorithm bandwidth (bytes / time) and its bus bandwidth, which
@@ -69,7 +64,7 @@ class Measurement:
     def rates(self) -> dict[str, float]:
         """The rates its kind is read by: a GEMM's TFLOP/s, a copy's GB/s, a collective's algorithm and bus
         bandwidth (GB/s)."""
-        if self.kind in ("gemm", "reference"):
+        if self.kind == "gemm":
             return {"tflops": self.rate(1e12)}
         if self.kind == "step":
             return {"tokens_per_s": self.rate()}
@@ -129,61 +124,6 @@ def memory_bandwidth(numel: int, dtype: Any, device: Any, repeats: int = REPEATS
     seconds = timed(lambda: y.copy_(x), _sync(device), repeats=repeats)
     return Measurement("memory_bandwidth", {"numel": numel, "dtype": str(dtype).replace("torch.", "")}, seconds,
                        2.0 * x.numel() * x.element_size(), "byte")
-
-
-REFERENCE_SHAPES = {"cpu": (128, 512, 2048), "cuda": (8192, 4096, 16384)}  # tokens, hidden, ffn: 1.6 GFLOP, 6.6 TFLOP
-REFERENCE_REPEATS = 25  # a probe's median moves by about 8 % at 15 on this CPU
-
-
-def reference(device: Any, at: str, repeats: int = REFERENCE_REPEATS) -> Measurement:
-    """The machine's state: a training step of ``gelu(x W1) W2`` at :data:`REFERENCE_SHAPES` (fp32 on a CPU, bf16 on
-    a GPU; fixed seeded weights, whatever the model), its two gradients all-reduced over every process, then the
-    update; a call takes as long as its slowest rank. ``at`` says when it was taken. Every rank must call it."""
-    import torch
-    import torch.distributed as dist
-
-    gpu = getattr(device, "type", str(device)).startswith("cuda")
-    t, h, f = REFERENCE_SHAPES["cuda" if gpu else "cpu"]
-    dtype = torch.bfloat16 if gpu else torch.float32
-    seed = torch.Generator().manual_seed(0)
-    x = torch.randn(t, h, generator=seed).to(device, dtype)
-    w1, w2 = (torch.randn(a, b, generator=seed).mul_(a ** -0.5).to(device, dtype).requires_grad_()
-              for a, b in ((h, f), (f, h)))
-    world = dist.get_world_size() if dist.is_initialized() else 1
-
-    def call():
-        (torch.nn.functional.gelu(x @ w1) @ w2).square().mean().backward()
-        with torch.no_grad():
-            for w in (w1, w2):
-                if world > 1:
-                    dist.all_reduce(w.grad)
-                w.sub_(w.grad, alpha=1e-3)
-                w.grad = None
-
-    if world > 1:
-        dist.barrier()
-    seconds = torch.tensor(timed(call, _sync(device), repeats=repeats), dtype=torch.float64)
-    if world > 1:
-        dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
-    return Measurement("reference", {"at": at, "tokens": t, "hidden": h, "ffn": f, "processes": world,
-                                     "dtype": str(dtype).replace("torch.", "")}, seconds.tolist(), 12.0 * t * h * f,
-                       "FLOP")
-
-
-def machine_reference(step_time: dict[str, Any] | None, start: Measurement, end: Measurement) -> dict[str, Any]:
-    """``results.json``'s ``machine_reference``: :func:`reference` at a run's start and end against the calibration's
-    (``step_time``: the plan's, from ``hardware.calibration``). ``vs_calibration`` is their geometric mean over the
-    calibration's median (> 1: the machine is slower now), ``step_time_s`` the plan's prediction times it: the
-    step predicted for the machine as the run found it."""
-    calibrated = ((step_time or {}).get("calibration") or {}).get("reference_s")
-    now = math.sqrt(start.median_s * end.median_s)
-    ratio = now / calibrated if calibrated else None
-    seconds = (step_time or {}).get("seconds")
-    return {"start_s": start.median_s, "end_s": end.median_s, "calibration_s": calibrated, "vs_calibration": ratio,
-            "step_time_s": seconds * ratio if seconds and ratio else None,
-            "what": f"{REFERENCE_REPEATS} calls of moe_hydra.job.calibrate.reference (a fixed MLP's training step "
-                    "with its gradients all-reduced, slowest rank) before the model is built and after the last "
-                    "step; vs_calibration: the geometric mean of their medians over the calibration's median"}
 
 
 def bus_factor(op: str, n: int) -> float:
@@ -453,7 +393,6 @@ class LayoutSteps:
         seq = r.batch.seq_length
         longest = max(s for _, _, s, _ in step_shapes(seq))
         self.job, self.fields, self.say = job, fields, say
-        self.references: list[Measurement] = []  # the machine's state before each round (:func:`reference`)
         self.first = shrunk(r, DEPTHS[0], 1, seq, 1, fields)
         self.models = {("", "", d): shrunk(r, d, 1, longest, 1, fields) for d in DEPTHS}  # built from these plans
         at_variants, others = variant_shapes(seq), []
@@ -481,8 +420,6 @@ class LayoutSteps:
         same step repeated, as a run repeats it: measured one step a round, every shape came out 10-35 % slower than
         the real runs it predicts (tiny_moe, 2 processes). The models and the groups let go after."""
         t0 = time.perf_counter()
-        self.references.append(reference(self.job.device, f"round {self.timers[0].rounds + 1} of "
-                                                          f"{self.first.layout.describe()}"))
         release_model_parallel()
         self.job.for_plan(self.first).init_model_parallel()
         built = {key: Built(self.job, plan) for key, plan in self.models.items()}
@@ -503,14 +440,12 @@ class LayoutSteps:
                  f"{time.perf_counter() - t0:.1f} s")
 
     def result(self, say: Callable[[str], None]) -> dict[str, Any]:
-        """The layout's ``parallel`` fields, the resolved plan of its first step, a measurement row per timer and the
-        machine's reference before each round."""
+        """The layout's ``parallel`` fields, the resolved plan of its first step and a measurement row per timer."""
         rows = [t.row(say) for t in self.timers]
         apart = [x["between_rounds"] for x in rows]
         say(f"{self.first.layout.describe()}: its rounds' medians differ by a median |ln| of "
             f"{statistics.median(apart):.3f} (worst {max(apart):.3f}) over {len(rows)} steps")
-        return {"parallel": self.fields, "resolved": self.first, "measurements": rows,
-                "references": [m.as_dict() for m in self.references]}
+        return {"parallel": self.fields, "resolved": self.first, "measurements": rows}
 
 
 def warmup_timers(timers: list[StepTimer]) -> list[StepTimer]:
@@ -743,13 +678,7 @@ def worker(spec: dict[str, Any], job: Any) -> dict[str, Any] | None:
     if rank != 0:
         return None
     step = fit_steps(measured, r)
-    references = [x for lay in measured for x in lay["references"]]
-    rows += references
     record = {"calibration_version": CALIBRATION_VERSION, "machine": machine(device, world),
-              "reference": {"median_s": statistics.median(x["median_s"] for x in references),
-                            "probes": len(references), "what": "the median of moe_hydra.job.calibrate.reference's "
-                            "medians before each round of each layout's steps: the machine's state while the steps "
-                            "were measured, which a run with this calibration measures again (machine_reference)"},
               "implementation": spec["plan"].get("implementation"), "model": r.cfg.model.name,
               "step": step, "measurements": rows, "seconds": time.perf_counter() - t0,
               "method": {"warmup_discarded": WARMUP, "repeats": REPEATS, "step_warmup_discarded": STEP_WARMUP,

@@ -425,7 +425,6 @@ class Job:
 
             # the planner's snapshot (taken on this machine), plus what only a process with torch can see
             write_json({**(self.env_snapshot or env.snapshot()), "runtime": env.runtime()}, out_dir / "env.json")
-        start = self._reference("start")
         tcfg = self.transformer_config()
         model, optimizer = self.wrap_and_optimizer(tcfg, self.build_model(tcfg))
         if ps.get_data_parallel_world_size() != self.r.layout.dp:
@@ -435,14 +434,12 @@ class Job:
 
             built.write(out_dir / built.FILE, *self.built_configs)
         records, samples, loop_ms = self._train(tcfg, model, optimizer, out_dir)
-        reference = self._machine_reference(start, self._reference("end"))
         memory = self._peak_memory()  # a collective: every rank
         evidence = self._evidence(tcfg, model, optimizer)
         profiled = self._profile(records, out_dir)  # a collective: every rank
         results = None
         if self.rank == 0:
-            results = {**self._results(records, samples, loop_ms, memory, evidence, profiled),
-                       "machine_reference": reference}
+            results = self._results(records, samples, loop_ms, memory, evidence, profiled)
             write_json(results, out_dir / "results.json")
         dist.barrier()
         ps.destroy_model_parallel()
@@ -680,31 +677,6 @@ class Job:
         }
 
     # ------------------------------------------------------------------ measurements
-
-    def _reference(self, at: str) -> Any:
-        """:func:`moe_hydra.job.calibrate.reference` (every rank) when the plan's step time is a calibration's that
-        holds for it and measured one: the machine's state against the calibration's; else None (nothing timed)."""
-        calibration = (self.plan.get("step_time") or {}).get("calibration") or {}
-        if not (calibration.get("applies") and calibration.get("reference_s")):
-            return None
-        from moe_hydra.job import calibrate
-
-        return calibrate.reference(self.device, at)
-
-    def _machine_reference(self, start: Any, end: Any) -> dict[str, Any] | None:
-        """``results.json``'s ``machine_reference`` (:func:`moe_hydra.job.calibrate.machine_reference`), said on
-        rank 0; None without a calibration's reference."""
-        if start is None:
-            return None
-        from moe_hydra.job import calibrate
-
-        ref = calibrate.machine_reference(self.plan.get("step_time"), start, end)
-        if self.rank == 0:
-            print(f"machine reference: {ref['vs_calibration']:.3f}x its time at calibration (start "
-                  f"{ref['start_s'] * 1e3:.1f} ms, end {ref['end_s'] * 1e3:.1f} ms; calibration "
-                  f"{ref['calibration_s'] * 1e3:.1f} ms): the step predicted for the machine now "
-                  f"{ref['step_time_s'] * 1e3:.1f} ms", flush=True)
-        return ref
 
     def _memory_gib(self) -> float | None:
         if self.on_gpu:

@@ -40,8 +40,7 @@ def calibrated(r: Resolved, dense_params: int, expert_params: int, flops_per_tok
     cfg = r.cfg
     cal, sha = calibrated_step.load(cfg.hardware.calibration)
     named = {"file": str(calibrated_step.resolve_path(cfg.hardware.calibration)), "sha256": sha,
-             "machine": cal.get("machine"), "model": cal.get("model"),
-             "reference_s": (cal.get("reference") or {}).get("median_s")}  # the machine's state as calibrated
+             "machine": cal.get("machine"), "model": cal.get("model")}
     found = estimate(cal, r, dense_params, expert_params)
     if isinstance(found, list):
         return {"seconds": None, "calibration": {**named, "applies": False, "differences": found}}

@@ -12,9 +12,11 @@ probes, every rank at once after a barrier, the slowest rank's time:
 - ``memory``: ``calibrate.memory_bandwidth`` on 64 MiB (larger than the caches);
 - ``python``: a plain Python loop of 3 million additions (the interpreter alone).
 
-It prints the step's range over the run, and each probe's Pearson correlation with the step round by round and over
-windows of ``--window`` rounds (log times). A probe that follows the step closely could carry a calibration to the
-machine as it is now; one that does not, cannot.
+It prints the step's range over the run; how far the same step differs between two windows of ``--window`` rounds
+(every pair: |ln| median, p90, worst), which is what the machine alone moves a prediction made in one window and
+judged in another; and each probe's Pearson correlation with the step, round by round and over the windows (log
+times), with what is left of those differences once each window's step is divided by the probe's ratio. A probe that
+follows the step closely could carry a calibration to the machine as it is now; one that does not, cannot.
 
     python benchmarks/machine_drift.py [--minutes 15] [--model tiny_moe] [--steps 12] [--window 8] [OVERRIDE ...]
 
@@ -24,6 +26,7 @@ A killed run leaves its two rank processes behind (torch's spawn): stop it with 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -98,6 +101,7 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: str) 
 
 
 def report(found: dict, window: int) -> None:
+    import numpy
     from scipy.stats import pearsonr
 
     rounds = found["rounds"]
@@ -113,10 +117,21 @@ def report(found: dict, window: int) -> None:
           f"{max(x['step'] for x in rounds) * 1e3:.0f} ms; windows of {window} rounds: "
           f"{math.exp(min(step_w)) * 1e3:.0f}-{math.exp(max(step_w)) * 1e3:.0f} ms "
           f"(|ln| range {max(step_w) - min(step_w):.3f})")
-    print(f"{'probe':8} {'median ms':>9} {'r, rounds':>10} {'r, windows':>11}")
+    pairs = list(itertools.combinations(range(len(step_w)), 2))
+
+    def spread(apart: list[float]) -> str:
+        return (f"{statistics.median(apart):6.3f} {numpy.percentile(apart, 90):6.3f} {max(apart):6.3f}"
+                if apart else "")
+
+    # the same step in two windows: what the machine alone moves a prediction made in one and judged in the other
+    print(f"{'probe':8} {'median ms':>9} {'r, rounds':>10} {'r, windows':>11}   |ln| of two windows' steps (median, "
+          f"p90, worst over {len(pairs)} pairs)")
+    print(f"{'(none)':8} {'':9} {'':10} {'':11}   {spread([abs(step_w[i] - step_w[j]) for i, j in pairs])}")
     for k in PROBES:
+        probe_w = windows(logs[k])  # with the probe's ratio applied: what a reference read through both would leave
         print(f"{k:8} {statistics.median(x[k] for x in rounds) * 1e3:9.1f} "
-              f"{pearsonr(logs['step'], logs[k])[0]:10.2f} {pearsonr(step_w, windows(logs[k]))[0]:11.2f}")
+              f"{pearsonr(logs['step'], logs[k])[0]:10.2f} {pearsonr(step_w, probe_w)[0]:11.2f}   "
+              f"{spread([abs(step_w[i] - step_w[j] - probe_w[i] + probe_w[j]) for i, j in pairs])}")
 
 
 def main() -> None:

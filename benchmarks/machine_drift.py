@@ -8,7 +8,8 @@ probes, every rank at once after a barrier, the slowest rank's time:
 
 - ``host``: 300 forward and backward calls of eight 16-wide linear layers (module calls and op dispatch: the host
   cost that is most of a small model's step on a CPU);
-- ``gemm``: ``calibrate.gemm`` at the step's widest GEMM shape (the calibration's own rate measurement);
+- ``gemm``: ``calibrate.gemm`` (the calibration's own rate measurement), 100 calls of a micro-batch's tokens x
+  hidden x 4 hidden, fp32;
 - ``memory``: ``calibrate.memory_bandwidth`` on 64 MiB (larger than the caches);
 - ``python``: a plain Python loop of 3 million additions (the interpreter alone).
 

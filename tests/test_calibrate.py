@@ -204,7 +204,7 @@ def test_stage_calibrate_measures_this_machine_on_the_jobs_processes(cli, tmp_pa
     (v,) = lay["variants"]
     assert v["option"] == "allgather" and v["config"]["moe_token_dispatcher_type"] == "allgather"
     assert set(v["deltas"]) == {"per_layer", "per_layer_token", "per_layer_token_seq"} and len(v["points"]) == 4
-    assert v["extra_per_layer_token_seq"] >= 0 and v["layers_factor"] > -1
+    assert v["extra_per_layer_token_seq"] >= 0 and v["layers_factor"] >= -1  # the layers' work never below 0
     assert v["held_out"]["worst"] >= v["held_out"]["median"]
     assert [p["paired_seconds"] for p in v["points"]] == [steps[steps.index(m) - 1]["median_s"] for m in rest]
     gemms = {(g["gemm"], g["m"], g["n"], g["k"]) for g in by_kind["gemm"]}

@@ -240,6 +240,21 @@ def test_a_variants_terms_are_recovered_and_held_out(factor, key):
     assert abs(math.log(predicted / seconds_far)) < 0.05
 
 
+def test_a_variant_never_makes_the_layers_work_negative():
+    """Steps of a variant far faster than their pairs (a 4-step sample on a loaded machine) would fit a factor below
+    -1 on the layers' work, a negative cost (-1.3 once in CI): the factor stops at -1, the extra per token and key
+    is refitted at that factor (never below 0), and every prediction with the variant stays above 0."""
+    seconds, paired = _variant_steps(VARIANT_SHAPES, -0.1, 0.0)
+    v = cs.variant_terms(TRUE, VARIANT_SHAPES, [s * 0.05 for s in seconds], paired)
+    assert v["layers_factor"] == cs.MIN_LAYERS_FACTOR == -1 and v["extra_per_layer_token_seq"] >= 0, v
+    assert all(d == pytest.approx(-TRUE[name] + (v["extra_per_layer_token_seq"] if name == "per_layer_token_seq"
+                                                   else 0)) for name, d in v["deltas"].items()), v
+    coefficients = cs.with_variants(TRUE, [v])
+    assert all(cs.predict(coefficients, sh)[0] > 0 for sh in VARIANT_SHAPES), coefficients
+    refitted = cs.variant_terms(TRUE, VARIANT_SHAPES, [s * 0.8 for s in seconds], paired)  # within the bound: as fitted
+    assert -1 < refitted["layers_factor"] < 0, refitted
+
+
 def test_a_variants_fixed_cost_is_not_taken_for_work_per_token():
     """A variant that adds mostly a fixed cost to each layer (a full recompute's module calls and collectives,
     re-run: on this CPU with TP 2, +32 ms on a 79 ms step of 128 tokens, +36 ms at 512) is predicted at 8x the

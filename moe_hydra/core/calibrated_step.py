@@ -130,13 +130,17 @@ def derive(shapes: list[Shape], seconds: list[float]) -> dict[str, Any]:
 LAYER_TERMS = ("per_layer", "per_layer_token", "per_layer_token_seq")
 
 
+MIN_LAYERS_FACTOR = -1.0  # a variant's factor on the layers' work is bounded here: at -1 the layers cost nothing
+
+
 def variant_terms(coefficients: dict[str, float], shapes: list[Shape], seconds: list[float],
                   paired: list[float]) -> dict[str, Any]:
     """An option of a variant group measured at ``shapes`` (``seconds``), each step paired with the layout's own
     option measured just before it at the same shape (``paired``: the machine's drift between the two cancels):
     what it adds to the layout's coefficients (``coefficients``) of the layers' work (``deltas``, each of
     :data:`LAYER_TERMS`), fitted as two numbers: a factor on the layers' own work (``layers_factor``, of either
-    sign) and more work per token and key (``extra_per_layer_token_seq``, never below 0); least squares on the
+    sign, never below :data:`MIN_LAYERS_FACTOR`: on noisy steps whose layers are a small part of the layout's fit
+    it came out at -1.3 once, under a loaded CI) and more work per token and key (``extra_per_layer_token_seq``, never below 0); least squares on the
     ratios to the pairs, each step's extra relative to the layout's fit of it; and each step predicted from its
     pair with the two numbers of the others (held out).
 
@@ -155,16 +159,19 @@ def variant_terms(coefficients: dict[str, float], shapes: list[Shape], seconds: 
     y = [s / p - 1 for s, p in zip(seconds, paired)]
 
     def solve(idx: list[int]) -> tuple[float, float]:
-        # y = factor x_layers + key x_key: the normal equations, key >= 0 (else the factor alone)
+        # y = factor x_layers + key x_key: the normal equations, key >= 0 (else the factor alone), factor >= -1
+        # (else -1 and the key refitted): a variant cannot make the layers' work negative
         aa, bb = sum(x[i][0] ** 2 for i in idx), sum(x[i][1] ** 2 for i in idx)
         ab = sum(x[i][0] * x[i][1] for i in idx)
         ay, by = sum(x[i][0] * y[i] for i in idx), sum(x[i][1] * y[i] for i in idx)
         det = aa * bb - ab * ab
-        if det > 1e-12 * aa * bb:
+        factor, key = ay / aa, 0.0
+        if det > 1e-12 * aa * bb and (by * aa - ay * ab) / det >= 0:
             factor, key = (ay * bb - by * ab) / det, (by * aa - ay * ab) / det
-            if key >= 0:
-                return factor, key
-        return ay / aa, 0.0
+        if factor < MIN_LAYERS_FACTOR:
+            factor = MIN_LAYERS_FACTOR
+            key = max((by - factor * ab) / bb, 0.0) if bb > 0 else 0.0
+        return factor, key
 
     every = list(range(len(shapes)))
     errors = []

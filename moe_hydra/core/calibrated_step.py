@@ -140,9 +140,9 @@ def variant_terms(coefficients: dict[str, float], shapes: list[Shape], seconds: 
     what it adds to the layout's coefficients (``coefficients``) of the layers' work (``deltas``, each of
     :data:`LAYER_TERMS`), fitted as two numbers: a factor on the layers' own work (``layers_factor``, of either
     sign, never below :data:`MIN_LAYERS_FACTOR`: on noisy steps whose layers are a small part of the layout's fit
-    it came out at -1.3 once, under a loaded CI) and more work per token and key (``extra_per_layer_token_seq``, never below 0); least squares on the
-    ratios to the pairs, each step's extra relative to the layout's fit of it; and each step predicted from its
-    pair with the two numbers of the others (held out).
+    it came out at -1.3 once, under a loaded CI) and more work per token and key (``extra_per_layer_token_seq``,
+    never below 0); least squares on the ratios to the pairs, each step's extra relative to the layout's fit of it;
+    and each step predicted from its pair with the two numbers of the others (held out).
 
     A factor on the whole of a layer's work, because a variant changes all of it alike: a full recompute re-runs
     the forward, its module calls and collectives with its GEMMs (on this CPU with TP 2 it added 32 ms to a 79 ms
@@ -166,8 +166,8 @@ def variant_terms(coefficients: dict[str, float], shapes: list[Shape], seconds: 
         ay, by = sum(x[i][0] * y[i] for i in idx), sum(x[i][1] * y[i] for i in idx)
         det = aa * bb - ab * ab
         factor, key = ay / aa, 0.0
-        if det > 1e-12 * aa * bb and (by * aa - ay * ab) / det >= 0:
-            factor, key = (ay * bb - by * ab) / det, (by * aa - ay * ab) / det
+        if det > 1e-12 * aa * bb and (with_key := (by * aa - ay * ab) / det) >= 0:
+            factor, key = (ay * bb - by * ab) / det, with_key
         if factor < MIN_LAYERS_FACTOR:
             factor = MIN_LAYERS_FACTOR
             key = max((by - factor * ab) / bb, 0.0) if bb > 0 else 0.0

@@ -12,13 +12,19 @@
    median, p90 and worst over all; and per group of layouts of one model and batch, whether the measured best is
    the predicted best or within 5 % of it;
 4. the first configuration run once more at the end: how far the machine's own speed drifted meanwhile (a
-   calibration predicts the machine as it was while it measured).
+   calibration predicts the machine as it was while it measured);
+5. each run reads the machine's reference (``moe_hydra.job.calibrate.Reference``: fixed work, no config's) after every
+   ``--reference-every``-th step of its window, as the calibration did between its step blocks: the prediction
+   carried to the machine as the run found it (``moe_hydra.core.calibrated_step.carried``: times the ratio of the
+   two readings) judged the same way, beside the plain one. The plain prediction is what a plan can know before a
+   run; the carried one what the model's structure is worth once the machine's own drift is taken out.
 
 Goals (issue 36): median <= 0.10, p90 <= 0.20, worst <= 0.30; the measured best predicted in every group. Takes
 about an hour on 2 cores (the calibrations 13-14 minutes of it); run it alone (another load moves the step times).
 
     python benchmarks/calibration_heldout.py [--dir DIR] [--runs 2] [--window 40] [--quick] [--models tiny_moe]
         [--earlier DIR ...]   # also judged on earlier benchmarks' runs of the same configurations (other hours)
+        [--reference-every 4]
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from moe_hydra.core import calibrated_step as cs
 
 BASE = ["hardware.devices_per_node=2", "logger=none"]
 WIDE = ["model.hidden_size=256", "model.ffn_hidden_size=1024", "model.num_attention_heads=8",
@@ -97,26 +105,35 @@ def predict(root: Path, name: str, overrides: list[str], cal: Path) -> dict:
     return json.loads((d / "plan.json").read_text())["step_time"]
 
 
-def measure(root: Path, name: str, overrides: list[str], runs: int, window: int) -> list[float]:
+def measure(root: Path, name: str, overrides: list[str], runs: int, window: int, every: int) -> list[dict]:
+    """The results.json of each of ``runs`` runs (kept in ``root``: a rerun reads them back)."""
     out = []
     for i in range(runs):
         d = root / "runs" / f"{name}-{i}"
         if not (d / "results.json").exists():
             r = _cli([*BASE, *overrides, f"contract.warmup_steps={WARMUP}",
                       f"contract.window=[{WARMUP + 1},{WARMUP + window}]", f"train.train_iters={WARMUP + window}",
-                      f"hydra.run.dir={d}"])
+                      f"contract.reference_every={every}", f"hydra.run.dir={d}"])
             if r.returncode != 0:
                 print(f"  {name}: run {i} failed: {(r.stdout + r.stderr).strip().splitlines()[-1]}", flush=True)
                 continue
-        out.append(json.loads((d / "results.json").read_text())["step_time_ms"] / 1e3)
+        out.append(json.loads((d / "results.json").read_text()))
     return out
 
 
-def drift(root: Path, first: dict, window: int) -> None:
+def carried(st: dict, runs: list[dict]) -> float | None:
+    """The mean over ``runs`` of the plan's prediction carried to the machine as each run found it; None when a run
+    or the calibration did not read the reference."""
+    each = [cs.carried(st["seconds"], st["calibration"].get("reference"), x.get("machine_reference")) for x in runs]
+    return statistics.fmean(c["seconds"] for c in each) if all(each) else None
+
+
+def drift(root: Path, first: dict, window: int, every: int) -> None:
     """The first configuration measured once more at the end: how far this machine's speed moved while the
     benchmark ran (tens of minutes). A calibration predicts the machine as it was while it measured: on this CPU a
     run 45 minutes later once came out 0.22 (|ln|) slower, beyond any run-to-run noise within minutes."""
-    again = measure(root, f"{first['name']}-again", first["overrides"], 1, window)
+    again = [x["step_time_ms"] / 1e3 for x in measure(root, f"{first['name']}-again", first["overrides"], 1, window,
+                                                       every)]
     if again:
         print(f"machine drift: {first['name']} measured {first['measured'] * 1e3:.1f} ms at the start, "
               f"{again[0] * 1e3:.1f} ms at the end (|ln| {abs(math.log(again[0] / first['measured'])):.3f})",
@@ -157,17 +174,21 @@ def main() -> None:
                     help="the models to calibrate and run (default: both)")
     ap.add_argument("--earlier", nargs="*", type=Path, default=[],
                     help="earlier benchmarks' --dir: also judge the predictions on their runs of each configuration")
+    ap.add_argument("--reference-every", type=int, default=4,
+                    help="the runs' contract.reference_every (the machine's reference read in their window)")
     a = ap.parse_args()
     root = a.dir or Path(tempfile.mkdtemp(prefix="moe_hydra_calibration_heldout_"))
     print(f"in {root}", flush=True)
     cals = {model: calibrate(root, model) for model in a.models}
     rows = []
-    print(f"{'model':9} {'config':18} {'layout':6} {'predicted':>10} {'measured':>9} {'|ln|':>6} {'noise':>6}")
+    print(f"{'model':9} {'config':18} {'layout':6} {'predicted':>10} {'measured':>9} {'|ln|':>6} {'noise':>6} "
+          f"{'carried':>9} {'|ln|':>6}")
     for model, group, layout, overrides in configs(a.quick, a.models):
         name = f"{model}-{group}-{layout}"
         st = predict(root, name, overrides, cals[model])
         seconds = st.get("seconds") if isinstance(st, dict) else None
-        measured = measure(root, name, overrides, a.runs, a.window)
+        found = measure(root, name, overrides, a.runs, a.window, a.reference_every)
+        measured = [x["step_time_ms"] / 1e3 for x in found]
         if seconds is None or not measured:
             why = st.get("error") or "; ".join((st.get("calibration") or {}).get("differences") or [])
             print(f"{model:9} {group:18} {layout:6} not predicted: {why}", flush=True)
@@ -175,20 +196,31 @@ def main() -> None:
         mean = statistics.fmean(measured)
         noise = abs(math.log(measured[0] / measured[1])) if len(measured) > 1 else float("nan")
         err = abs(math.log(seconds / mean))
+        here = carried(st, found)
+        # the measured step at the machine's speed while it was calibrated: what the layouts compare on, the
+        # machine's drift between their runs taken out
+        steady = seconds * mean / here if here else None
         before = earlier_runs(a.earlier, name)
         earlier = statistics.fmean(before) if before else None
         rows.append({"model": model, "group": group, "layout": layout, "predicted": seconds, "measured": mean,
-                     "err": err, "noise": noise, "name": name, "overrides": overrides, "earlier": earlier})
+                     "err": err, "noise": noise, "name": name, "overrides": overrides, "earlier": earlier,
+                     "carried": here, "carried_err": abs(math.log(here / mean)) if here else None,
+                     "steady": steady})
         print(f"{model:9} {group:18} {layout:6} {seconds * 1e3:8.1f}ms {mean * 1e3:7.1f}ms {err:6.3f} {noise:6.3f}"
+              + (f" {here * 1e3:7.1f}ms {rows[-1]['carried_err']:6.3f}" if here else "")
               + (f"   earlier {earlier * 1e3:7.1f}ms ({len(before)} runs) {abs(math.log(seconds / earlier)):6.3f}"
                  if earlier else ""), flush=True)
     errs = [r["err"] for r in rows]
     if not errs:
         sys.exit("nothing was predicted and measured")
-    drift(root, rows[0], a.window)
+    drift(root, rows[0], a.window, a.reference_every)
     print(f"\n{len(errs)} configurations held out: median |ln| {statistics.median(errs):.3f} (goal <= 0.10), "
           f"p90 {pct(errs, 0.9):.3f} (<= 0.20), worst {max(errs):.3f} (<= 0.30); run-to-run noise median "
           f"{statistics.median([r['noise'] for r in rows if r['noise'] == r['noise']] or [0]):.3f}")
+    kept = [r for r in rows if r["carried"]]
+    if kept:
+        print(f"carried to the machine as each run found it ({len(kept)} configurations; the reference read in the "
+              f"run's window against the calibration's): {summary([r['carried_err'] for r in kept])}")
     before = [r for r in rows if r["earlier"]]
     if before:
         print(f"against the earlier benchmarks' runs ({len(before)} configurations, {len(a.earlier)} benchmarks' "
@@ -208,6 +240,10 @@ def main() -> None:
         if all(r["earlier"] for r in members):
             best_then, ok_then = verdict(members, chosen, "earlier")
             then = f"; earlier best {best_then['layout']}: " + ("the best or within 5 %" if ok_then else "MISSED")
+        if all(r["steady"] for r in members):
+            best_steady, ok_steady = verdict(members, chosen, "steady")
+            then += (f"; at the calibration's machine speed best {best_steady['layout']}: "
+                     + ("the best or within 5 %" if ok_steady else "MISSED"))
         print(f"  {model} {group}: measured best {best['layout']} ({best['measured'] * 1e3:.1f} ms), predicted best "
               f"{chosen['layout']} ({chosen['measured'] * 1e3:.1f} ms measured): "
               + ("the best or within 5 %" if ok else "MISSED") + then)

@@ -207,6 +207,12 @@ def test_stage_calibrate_measures_this_machine_on_the_jobs_processes(cli, tmp_pa
     assert v["extra_per_layer_token_seq"] >= 0 and v["layers_factor"] >= -1  # the layers' work never below 0
     assert v["held_out"]["worst"] >= v["held_out"]["median"]
     assert [p["paired_seconds"] for p in v["points"]] == [steps[steps.index(m) - 1]["median_s"] for m in rest]
+    # the machine's reference read after every block of steps: one a step row (each row one block a round)
+    ref = rec["reference"]
+    assert ref["readings"] == calibrate.ROUNDS * len(steps) and set(ref["probes"]) == set(calibrate.REFERENCE_PROBES)
+    assert all(0 < p["min_s"] <= p["median_s"] <= p["max_s"] for p in ref["probes"].values())
+    assert min(p["median_s"] for p in ref["probes"].values()) <= ref["index_s"] <= max(
+        p["median_s"] for p in ref["probes"].values())
     gemms = {(g["gemm"], g["m"], g["n"], g["k"]) for g in by_kind["gemm"]}
     assert gemms == set(calibrate.gemm_shapes(a, seq)) and {m for _, m, _, _ in gemms} >= {seq, 2 * seq, 4 * seq}
     assert ("logits", seq, a.padded_vocab(), a.h) in gemms and all(g["tflops"] > 0 for g in by_kind["gemm"])
@@ -297,7 +303,19 @@ def test_a_calibration_predicts_runs_it_never_saw(cli, tmp_path):
                    f"hydra.run.dir={tmp_path / f'plan{i}'}")
         assert plan.returncode == 0, plan.stdout[-2000:] + plan.stderr[-2000:]
         st = json.loads((tmp_path / f"plan{i}" / "plan.json").read_text())["step_time"]
-        run = cli(*common, f"hydra.run.dir={tmp_path / f'run{i}'}", timeout=300)
+        # the second run reads the machine's reference in its window (steps 4, 9, 14, 19) with the calibration named
+        carry = ["contract.reference_every=5", f"hardware.calibration={cal / 'calibration.json'}"] if i else []
+        run = cli(*common, *carry, f"hydra.run.dir={tmp_path / f'run{i}'}", timeout=300)
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-        measured = json.loads((tmp_path / f"run{i}" / "results.json").read_text())["step_time_ms"] / 1e3
+        found = json.loads((tmp_path / f"run{i}" / "results.json").read_text())
+        measured = found["step_time_ms"] / 1e3
         assert abs(math.log(st["seconds"] / measured)) <= math.log(1.5), (config, st, measured)
+        if i:
+            ref, carried = found["machine_reference"], found["step_time_carried"]
+            assert ref["readings"] == 4 and ref["every"] == 5 and found["step_time"]["seconds"] == st["seconds"]
+            ratio = ref["index_s"] / st["calibration"]["reference"]["index_s"]
+            assert carried["ratio"] == pytest.approx(ratio)
+            assert carried["seconds"] == pytest.approx(st["seconds"] * ratio)
+            assert abs(math.log(carried["seconds"] / measured)) <= math.log(1.5), (carried, measured)
+        else:
+            assert "machine_reference" not in found  # contract.reference_every=0: nothing between the steps

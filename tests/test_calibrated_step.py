@@ -71,6 +71,20 @@ def test_differences_name_every_key_that_differs():
         "b.c (2 calibrated, 5 here)", "b.d (3 calibrated, None here)"]
 
 
+def test_a_prediction_is_carried_by_the_ratio_of_two_readings_of_one_reference():
+    """A run that found the machine's reference 1.25x slower than its calibration did: its prediction 1.25x longer;
+    no reading on either side, or readings of another reference (another definition), carry nothing."""
+    from moe_hydra.job.calibrate import REFERENCE_DEFINITION as DEFINITION
+
+    cal = {"index_s": 0.016, "definition": DEFINITION}
+    run = {"index_s": 0.020, "definition": DEFINITION}
+    found = cs.carried(0.2, cal, run)
+    assert found["ratio"] == pytest.approx(1.25) and found["seconds"] == pytest.approx(0.25)
+    assert cs.carried(0.2, run, cal)["seconds"] == pytest.approx(0.16)
+    assert cs.carried(0.2, None, run) is None and cs.carried(0.2, cal, None) is None
+    assert cs.carried(0.2, cal, {**run, "definition": {**DEFINITION, "gemm": "another"}}) is None
+
+
 def test_a_plan_with_a_calibration_predicts_from_it(tmp_path):
     """stage=plan of the default with a calibration of it: step_time is the file's fit at the plan's shape, its
     interval the file's held-out p90, and it names the file and its hash; deeper and with more micro-batches it

@@ -86,6 +86,8 @@ def test_a_profile_inside_the_window_is_part_of_the_contract():
 
     assert timing("profile=window") == timing()  # after the window: nothing measured changes
     assert timing("profile=window", "profile.steps=[8,9]")["profiled_steps"] == [8, 9]
+    # the machine's reference read between the window's steps: work in the loop, so arms that differ are not matched
+    assert "reference_every" not in timing() and timing("contract.reference_every=4")["reference_every"] == 4
 
 
 def _diff(runs, a, b, *extra) -> str:

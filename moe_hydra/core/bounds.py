@@ -114,6 +114,7 @@ DOMAINS: dict[str, tuple[float, float]] = {
     "memory.cuda_graphs_gib": GIB,
     "memory.fragmentation": FRACTION,
     "contract.warmup_steps": (0, MAX_STEPS),
+    "contract.reference_every": (0, MAX_STEPS),
     "profile.num_steps": (1, 1000),
     "overlap.bucket_size": (1, 10**15),
     "compare.equivalence": (1e-6, 0.999),

@@ -308,6 +308,18 @@ def differences(a: Any, b: Any, prefix: str = "") -> list[str]:
     return [] if a == b else [f"{prefix.rstrip('.')} ({a!r} calibrated, {b!r} here)"]
 
 
+def carried(seconds: float, calibrated: dict[str, Any] | None, found: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A prediction ``seconds`` carried from the machine as its calibration found it to the machine as a run found
+    it: times the ratio of the two readings of the machine's reference (``moe_hydra.job.calibrate.Reference``: the run's
+    ``found``, the calibration's ``calibrated``; each a ``Reference.summary``). None when either has no reading or
+    the two read different references (then they do not compare)."""
+    if not calibrated or not found or calibrated.get("definition") != found.get("definition"):
+        return None
+    ratio = found["index_s"] / calibrated["index_s"]
+    return {"seconds": seconds * ratio, "ratio": ratio, "of": "the plan's step_time.seconds x this run's reference "
+            "index_s / its calibration's (the same fixed work read on the machine as each found it)"}
+
+
 def other_device(machine: dict[str, Any], hardware: Any) -> str | None:
     """How the calibrated machine's device kind differs from the plan's hardware (None: the same kind): a CPU for a
     CPU preset; for a GPU preset, a GPU whose name holds the preset's (``H200`` of "H200 SXM 141GB" in

@@ -81,6 +81,8 @@ def build(cfg: Any, r: Any, env: dict[str, Any]) -> dict[str, Any]:
     profiled = r.profile_steps
     if profiled and profiled[0] <= last and first <= profiled[1]:  # a profile inside the window perturbs it
         contract["timing"]["profiled_steps"] = list(profiled)
+    if cfg.contract.reference_every:  # work between the window's steps: the loop is not the same
+        contract["timing"]["reference_every"] = cfg.contract.reference_every
     contract["seed"] = cfg.seed
     contract["software"] = {k: v for k, v in env["versions"].items() if k in SOFTWARE}
     contract["launcher"] = {"name": cfg.launcher.name, "partition": cfg.launcher.partition,

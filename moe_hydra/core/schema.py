@@ -448,6 +448,10 @@ class ContractConfig:
     warmup_steps: int = 3
     # Steady window [first, last], inclusive; first > warmup_steps.
     window: List[int] = field(default_factory=lambda: [4, 10])
+    # Read the machine's reference (moe_hydra.job.calibrate.Reference: fixed work, outside the timed steps) after
+    # every Nth step of the window, from its first: how fast the machine was while this run measured, which carries
+    # a calibration's prediction to it (results.json: machine_reference, step_time_carried). 0 = never.
+    reference_every: int = 0
 
 
 @dataclass(kw_only=True, slots=True)

@@ -359,7 +359,7 @@ def variants(r: Any) -> list[tuple[str, str, dict[str, Any]]]:
     return out
 
 
-def steps(job: Any, say: Callable[[str], None]) -> list[dict[str, Any]]:
+def steps(job: Any, say: Callable[[str], None], reference: Any = None) -> list[dict[str, Any]]:
     """The model's training step, as the job times it (Megatron-Core's blocks, forward and backward through its
     schedule, the optimizer step; the slowest rank's time), on shrunken models: on each layout of :func:`layouts`,
     at every shape of :func:`step_shapes` with the plan's settings, and at :func:`variant_shapes` (some of them)
@@ -369,10 +369,12 @@ def steps(job: Any, say: Callable[[str], None]) -> list[dict[str, Any]]:
     percent over minutes, and measured once in sequence the layouts in the middle of a calibration came out 15-20 %
     slower than an hour earlier (tiny_moe: EP 2 and PP 2, measured third and fourth of six; the first 5 % faster),
     so that runs on them were predicted up to 0.30 too slow; in passes there and back every layout's steps
-    straddle the calibration, and ``between_rounds`` says how far its rounds differ. Returns, per layout: its
+    straddle the calibration, and ``between_rounds`` says how far its rounds differ. ``reference``
+    (:class:`Reference`) is read after every block of steps: the machine's speed while they
+    were measured, which a run's reading is compared with. Returns, per layout: its
     ``parallel`` fields, the resolved plan of its first step, and its measurements (a variant's with its ``group``,
     ``option`` and ``config``)."""
-    lays = [LayoutSteps(job, fields, say) for fields in layouts(job.r)]
+    lays = [LayoutSteps(job, fields, say, reference) for fields in layouts(job.r)]
     per_round = -(-job.r.cfg.calibrate.step_repeats // ROUNDS)
     for n in range(ROUNDS):
         for lay in lays if n % 2 == 0 else reversed(lays):
@@ -385,14 +387,14 @@ class LayoutSteps:
     timers stepped on them in order, and what each measured so far. :meth:`round` builds the models on the layout's
     process groups, steps every timer once more and lets all of it go: a round of :func:`steps`."""
 
-    def __init__(self, job: Any, fields: dict[str, Any], say: Callable[[str], None]):
+    def __init__(self, job: Any, fields: dict[str, Any], say: Callable[[str], None], reference: Any = None):
         from moe_hydra.core.versions import mcore_facts
         from moe_hydra.planning import rules
 
         r = job.r
         seq = r.batch.seq_length
         longest = max(s for _, _, s, _ in step_shapes(seq))
-        self.job, self.fields, self.say = job, fields, say
+        self.job, self.fields, self.say, self.reference = job, fields, say, reference
         self.first = shrunk(r, DEPTHS[0], 1, seq, 1, fields)
         self.models = {("", "", d): shrunk(r, d, 1, longest, 1, fields) for d in DEPTHS}  # built from these plans
         at_variants, others = variant_shapes(seq), []
@@ -433,6 +435,8 @@ class LayoutSteps:
             for _ in range(timed):
                 t.record()
             t.rounds += 1
+            if self.reference is not None:
+                self.reference.read()
         for b in built.values():
             b.free()
         self.say(f"round {self.timers[0].rounds} of {ROUNDS} on {self.first.layout.describe()}: {len(self.timers)} "
@@ -652,8 +656,9 @@ def worker(spec: dict[str, Any], job: Any) -> dict[str, Any] | None:
             print(f"calibrate: {text}", flush=True)
 
     rows: list[dict[str, Any]] = []
+    ref = Reference(device)
     try:
-        measured = steps(job, say)
+        measured = steps(job, say, ref)
         rows += [x for lay in measured for x in lay["measurements"]]
         release_model_parallel()
         job.init_model_parallel()  # the plan's meshes again
@@ -680,7 +685,7 @@ def worker(spec: dict[str, Any], job: Any) -> dict[str, Any] | None:
     step = fit_steps(measured, r)
     record = {"calibration_version": CALIBRATION_VERSION, "machine": machine(device, world),
               "implementation": spec["plan"].get("implementation"), "model": r.cfg.model.name,
-              "step": step, "measurements": rows, "seconds": time.perf_counter() - t0,
+              "step": step, "measurements": rows, "reference": ref.summary(), "seconds": time.perf_counter() - t0,
               "method": {"warmup_discarded": WARMUP, "repeats": REPEATS, "step_warmup_discarded": STEP_WARMUP,
                          "step_repeats": r.cfg.calibrate.step_repeats, "clock": "time.perf_counter, after "
                          "torch.cuda.synchronize on a GPU", "collective_time": "the slowest rank's",
@@ -702,3 +707,75 @@ def worker(spec: dict[str, Any], job: Any) -> dict[str, Any] | None:
                                              for v in lay["variants"]))
     say(f"{len(rows)} measurements in {record['seconds']:.1f} s -> {out_dir / CALIBRATION_FILE}")
     return record
+
+
+# ------------------------------------------------------------------ the machine's reference
+
+REFERENCE_PROBES = ("host", "gemm", "memory")
+REFERENCE_HOST_CALLS = 100
+REFERENCE_GEMM = (256, 1024, 256)  # m, n, k
+REFERENCE_GEMM_CALLS = 10
+REFERENCE_COPY_NUMEL = 1 << 22  # 16 MiB of fp32: more than a core's share of this machine's caches
+REFERENCE_COPY_CALLS = 5
+# what a reading is: two readings compare only when this is the same
+REFERENCE_DEFINITION = {
+    "host": f"{REFERENCE_HOST_CALLS} fwd+bwd of 8 Linear(16, 16) on 4 rows",
+    "gemm": f"{REFERENCE_GEMM_CALLS} x {'x'.join(map(str, REFERENCE_GEMM))} (m n k) fp32",
+    "memory": f"{REFERENCE_COPY_CALLS} copies of {REFERENCE_COPY_NUMEL} fp32",
+    "time": f"each probe's calls after {WARMUP} untimed, the slowest rank's; index: geometric mean of the probes' "
+            "medians over the readings"}
+
+
+class Reference:
+    """The machine's speed as a calibration or a run found it: one fixed piece of work read between its steps.
+
+    A calibration predicts the machine as it was while it measured. On a shared or throttled machine that is not the
+    machine a later run finds: on this 2-vCPU VM the same step moves by up to 0.37 (|ln|) within 20 minutes with
+    nothing changed, and GEMMs, copies and the interpreter move with it (``benchmarks/machine_drift.py``). The
+    reference is work no config changes:
+
+    - ``host``: :data:`REFERENCE_HOST_CALLS` forward and backward calls of eight 16-wide linear layers (module calls
+      and op dispatch, most of a small model's step on a CPU);
+    - ``gemm``: :func:`gemm` at :data:`REFERENCE_GEMM` (m, n, k), fp32;
+    - ``memory``: :func:`memory_bandwidth` on :data:`REFERENCE_COPY_NUMEL` fp32 numbers.
+
+    ``stage=calibrate`` reads it after every block of steps it times (:meth:`LayoutSteps.round`), a run after every
+    ``contract.reference_every``-th step of its window (outside the timed steps; off by default: it is work between
+    them). Every rank of the default group reads at once, after a barrier; a probe's time is the slowest rank's.
+    :meth:`summary` is what calibration.json and results.json record; :func:`moe_hydra.core.calibrated_step.carried`
+    carries a prediction from a calibration's reading to a run's."""
+
+    def __init__(self, device: Any):
+        import torch
+
+        self.device = device
+        self.layers = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(8)]).to(device)
+        self.x = torch.randn(4, 16, device=device)
+        self.readings: list[dict[str, float]] = []
+
+    def read(self) -> dict[str, float]:
+        """One reading: each probe's seconds, the slowest rank's."""
+        import torch
+        import torch.distributed as dist
+
+        dist.barrier()
+        host = timed(lambda: self.layers(self.x).sum().backward(), _sync(self.device), repeats=REFERENCE_HOST_CALLS)
+        matmul = gemm(*REFERENCE_GEMM, torch.float32, self.device, repeats=REFERENCE_GEMM_CALLS)
+        copy = memory_bandwidth(REFERENCE_COPY_NUMEL, torch.float32, self.device, repeats=REFERENCE_COPY_CALLS)
+        found = torch.tensor([sum(host), sum(matmul.seconds), sum(copy.seconds)], dtype=torch.float64,
+                             device=self.device)
+        dist.all_reduce(found, op=dist.ReduceOp.MAX)
+        reading = dict(zip(REFERENCE_PROBES, found.tolist()))
+        self.readings.append(reading)
+        return reading
+
+    def summary(self) -> dict[str, Any] | None:
+        """Each probe's median, min and max (s) over the readings, and ``index_s``, the geometric mean of the
+        medians; None without a reading."""
+        if not self.readings:
+            return None
+        probes = {k: {"median_s": statistics.median(x[k] for x in self.readings),
+                      "min_s": min(x[k] for x in self.readings), "max_s": max(x[k] for x in self.readings)}
+                  for k in REFERENCE_PROBES}
+        index = math.exp(statistics.fmean(math.log(p["median_s"]) for p in probes.values()))
+        return {"index_s": index, "readings": len(self.readings), "probes": probes, "definition": REFERENCE_DEFINITION}

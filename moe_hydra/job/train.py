@@ -28,6 +28,8 @@ with the conventional code, 128 + the signal's number. A failure writes ``status
     evidence               facts read from the built model and optimizer, not from the config
     startup                seconds from the command's start to step 1 on rank 0, and how the ranks started
                            (moe_hydra.core.startup)
+    machine_reference      contract.reference_every: the machine's reference read in the window (calibrate.Reference)
+    step_time_carried      ... and the plan's calibrated step time carried to the machine as this run found it
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from moe_hydra.core import calibrated_step as cs
 from moe_hydra.core import metrics, startup
 from moe_hydra.core import results as results_schema
 from moe_hydra.core.io import write_json
@@ -235,6 +238,7 @@ class Job:
         self.startup: dict[str, Any] | None = None  # results.json startup, set at step 1
         self.stopped_by: str | None = None  # the signal the ranks agreed to stop on (:class:`Signals`)
         self.stopped_at = 0  # ... after this step
+        self.reference: Any = None  # the machine's reference read in the window (contract.reference_every)
 
     # ------------------------------------------------------------------ setup
 
@@ -473,6 +477,11 @@ class Job:
         progress = (_Progress(iters, cfg.contract.window[1], batch.tokens_per_step / self.world) if self.rank == 0
                     else None)
         first, last = cfg.contract.window
+        every_ref = cfg.contract.reference_every
+        if every_ref:
+            from moe_hydra.job.calibrate import Reference
+
+            self.reference = Reference(self.device)
         loop_ms = window_start = 0.0
         for step in range(1, iters + 1):
             if step == 1 and self.origin is not None:
@@ -499,6 +508,8 @@ class Job:
                 if step % t.log_interval == 0 or step == iters:
                     progress.log(metrics.log_line(rec, batch.tokens_per_step, self.world, self.plan["flops_per_token"],
                                                   peak, rec.memory_gib))
+            if every_ref and first <= step <= last and (step - first) % every_ref == 0:
+                self.reference.read()  # every rank, after the same steps
             if step == last:
                 loop_ms = (time.perf_counter() - window_start) * 1e3 / (last - first + 1)
             if stop and step < iters:  # every rank saw the signal at the end of this step
@@ -674,7 +685,23 @@ class Job:
             "profile": profiled,
             # a MoE model's routers: per layer, tokens per expert and their imbalance over the window's logged steps
             "router": live.router_summary(self.router_logged, tuple(contract.window)),
+            **self._carried(),
         }
+
+    def _carried(self) -> dict[str, Any]:
+        """contract.reference_every: the machine's reference as this run read it (``machine_reference``) and, when
+        the plan's step time came from a calibration that read it too, that prediction carried to the machine as
+        this run found it (``step_time_carried``)."""
+        if self.reference is None:
+            return {}
+        found = self.reference.summary()  # None: stopped before the window
+        if found is not None:
+            found["every"] = self.cfg.contract.reference_every
+        predicted = self.plan.get("step_time") or {}
+        carried = None
+        if found and predicted.get("seconds") and predicted.get("interval_of") == "calibration":
+            carried = cs.carried(predicted["seconds"], predicted["calibration"].get("reference"), found)
+        return {"machine_reference": found, "step_time_carried": carried}
 
     # ------------------------------------------------------------------ measurements
 

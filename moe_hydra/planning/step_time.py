@@ -40,7 +40,8 @@ def calibrated(r: Resolved, dense_params: int, expert_params: int, flops_per_tok
     cfg = r.cfg
     cal, sha = calibrated_step.load(cfg.hardware.calibration)
     named = {"file": str(calibrated_step.resolve_path(cfg.hardware.calibration)), "sha256": sha,
-             "machine": cal.get("machine"), "model": cal.get("model")}
+             "machine": cal.get("machine"), "model": cal.get("model"),
+             "reference": cal.get("reference")}  # the machine's reference as the calibration read it
     found = estimate(cal, r, dense_params, expert_params)
     if isinstance(found, list):
         return {"seconds": None, "calibration": {**named, "applies": False, "differences": found}}

@@ -209,7 +209,11 @@ def test_stage_calibrate_measures_this_machine_on_the_jobs_processes(cli, tmp_pa
     assert [p["paired_seconds"] for p in v["points"]] == [steps[steps.index(m) - 1]["median_s"] for m in rest]
     # the machine's reference read after every block of steps: one a step row (each row one block a round)
     ref = rec["reference"]
-    assert ref["readings"] == calibrate.ROUNDS * len(steps) and set(ref["probes"]) == set(calibrate.REFERENCE_PROBES)
+    assert ref["readings"] == calibrate.ROUNDS * len(steps) == len(ref["each"])
+    assert set(ref["probes"]) == set(calibrate.REFERENCE_PROBES)
+    assert all(len(m["reference_index_s"]) == calibrate.ROUNDS for m in steps)
+    assert sorted(x for m in steps for x in m["reference_index_s"]) == pytest.approx(
+        sorted(calibrate.index_of(x) for x in ref["each"]))
     assert all(0 < p["min_s"] <= p["median_s"] <= p["max_s"] for p in ref["probes"].values())
     assert min(p["median_s"] for p in ref["probes"].values()) <= ref["index_s"] <= max(
         p["median_s"] for p in ref["probes"].values())

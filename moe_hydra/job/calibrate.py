@@ -436,7 +436,7 @@ class LayoutSteps:
                 t.record()
             t.rounds += 1
             if self.reference is not None:
-                self.reference.read()
+                t.references.append(index_of(self.reference.read()))
         for b in built.values():
             b.free()
         self.say(f"round {self.timers[0].rounds} of {ROUNDS} on {self.first.layout.describe()}: {len(self.timers)} "
@@ -533,6 +533,7 @@ class StepTimer:
         self.model, self.r, self.extra, self.built = model, r, extra, None
         self.seconds, self.calls, self.rounds = [], 0, 0  # timed steps (rounds of them), steps made, rounds done
         self.host, self.device = [], []  # a GPU's: the host's time to enqueue the step, the CUDA events' span
+        self.references: list[float] = []  # the machine's reference read after each round's block (its index, s)
         b = r.batch
         self.data = MockData(r.cfg.model.vocab_size, b.seq_length, b.micro_batch_size, b.global_batch_size,
                              b.micro_batches_per_step, r.cfg.data.seed)
@@ -598,7 +599,8 @@ class StepTimer:
             + f", {r.cfg.dispatcher.name}: {m.median_s * 1e3:.1f} ms"
             + (f" (device {apart['device_median_s'] * 1e3:.1f} ms, host {apart['host_median_s'] * 1e3:.1f} ms)"
                if apart else ""))
-        return {**m.as_dict(), **rounds, **apart, **self.extra}
+        ref = {"reference_index_s": self.references} if self.references else {}
+        return {**m.as_dict(), **rounds, **apart, **ref, **self.extra}
 
 
 def fit_steps(measured: list[dict[str, Any]], r: Any) -> dict[str, Any]:
@@ -659,6 +661,9 @@ def worker(spec: dict[str, Any], job: Any) -> dict[str, Any] | None:
     ref = Reference(device)
     try:
         measured = steps(job, say, ref)
+        each = [index_of(x) for x in ref.readings]
+        say(f"the machine's reference (fixed work read after each block of steps): {len(each)} readings, "
+            f"{min(each) * 1e3:.1f}..{max(each) * 1e3:.1f} ms, median {statistics.median(each) * 1e3:.1f} ms")
         rows += [x for lay in measured for x in lay["measurements"]]
         release_model_parallel()
         job.init_model_parallel()  # the plan's meshes again
@@ -765,17 +770,23 @@ class Reference:
         found = torch.tensor([sum(host), sum(matmul.seconds), sum(copy.seconds)], dtype=torch.float64,
                              device=self.device)
         dist.all_reduce(found, op=dist.ReduceOp.MAX)
-        reading = dict(zip(REFERENCE_PROBES, found.tolist()))
+        reading = {"t": time.time(), **dict(zip(REFERENCE_PROBES, found.tolist()))}
         self.readings.append(reading)
         return reading
 
     def summary(self) -> dict[str, Any] | None:
-        """Each probe's median, min and max (s) over the readings, and ``index_s``, the geometric mean of the
-        medians; None without a reading."""
+        """Each probe's median, min and max (s) over the readings, ``index_s`` (:func:`index_of` their medians) and
+        ``each`` reading (with its ``time.time``); None without a reading."""
         if not self.readings:
             return None
         probes = {k: {"median_s": statistics.median(x[k] for x in self.readings),
                       "min_s": min(x[k] for x in self.readings), "max_s": max(x[k] for x in self.readings)}
                   for k in REFERENCE_PROBES}
-        index = math.exp(statistics.fmean(math.log(p["median_s"]) for p in probes.values()))
-        return {"index_s": index, "readings": len(self.readings), "probes": probes, "definition": REFERENCE_DEFINITION}
+        index = index_of({k: p["median_s"] for k, p in probes.items()})
+        return {"index_s": index, "readings": len(self.readings), "probes": probes, "definition": REFERENCE_DEFINITION,
+                "each": self.readings}
+
+
+def index_of(reading: dict[str, float]) -> float:
+    """One number for a reading of the reference: the geometric mean of its probes' seconds."""
+    return math.exp(statistics.fmean(math.log(reading[k]) for k in REFERENCE_PROBES))

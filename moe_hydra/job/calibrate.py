@@ -717,7 +717,7 @@ def worker(spec: dict[str, Any], job: Any) -> dict[str, Any] | None:
 # ------------------------------------------------------------------ the machine's reference
 
 REFERENCE_PROBES = ("host", "gemm", "memory")
-REFERENCE_HOST_CALLS = 100
+REFERENCE_HOST_CALLS = 50
 REFERENCE_GEMM = (256, 1024, 256)  # m, n, k
 REFERENCE_GEMM_CALLS = 10
 REFERENCE_COPY_NUMEL = 1 << 22  # 16 MiB of fp32: more than a core's share of this machine's caches
@@ -741,8 +741,12 @@ class Reference:
 
     - ``host``: :data:`REFERENCE_HOST_CALLS` forward and backward calls of eight 16-wide linear layers (module calls
       and op dispatch, most of a small model's step on a CPU);
-    - ``gemm``: :func:`gemm` at :data:`REFERENCE_GEMM` (m, n, k), fp32;
-    - ``memory``: :func:`memory_bandwidth` on :data:`REFERENCE_COPY_NUMEL` fp32 numbers.
+    - ``gemm``: :data:`REFERENCE_GEMM_CALLS` GEMMs at :data:`REFERENCE_GEMM` (m, n, k), fp32, as :func:`gemm`;
+    - ``memory``: :data:`REFERENCE_COPY_CALLS` copies of :data:`REFERENCE_COPY_NUMEL` fp32 numbers, as
+      :func:`memory_bandwidth`.
+
+    Its tensors are made once, with the object: a reading allocates nothing (made afresh at each reading, 50 MiB
+    filled with random numbers between two blocks of steps, the glibc allocator's heap moved under the steps).
 
     ``stage=calibrate`` reads it after every block of steps it times (:meth:`LayoutSteps.round`), a run after every
     ``contract.reference_every``-th step of its window (outside the timed steps; off by default: it is work between
@@ -753,9 +757,14 @@ class Reference:
     def __init__(self, device: Any):
         import torch
 
-        self.device = device
+        m, n, k = REFERENCE_GEMM
+        self.device, self.sync = device, _sync(device)
         self.layers = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(8)]).to(device)
         self.x = torch.randn(4, 16, device=device)
+        self.a, self.b = torch.randn(m, k, device=device), torch.randn(k, n, device=device)
+        self.c = torch.empty(m, n, device=device)
+        self.src = torch.randn(REFERENCE_COPY_NUMEL, device=device)
+        self.dst = torch.empty_like(self.src)
         self.readings: list[dict[str, float]] = []
 
     def read(self) -> dict[str, float]:
@@ -764,11 +773,12 @@ class Reference:
         import torch.distributed as dist
 
         dist.barrier()
-        host = timed(lambda: self.layers(self.x).sum().backward(), _sync(self.device), repeats=REFERENCE_HOST_CALLS)
-        matmul = gemm(*REFERENCE_GEMM, torch.float32, self.device, repeats=REFERENCE_GEMM_CALLS)
-        copy = memory_bandwidth(REFERENCE_COPY_NUMEL, torch.float32, self.device, repeats=REFERENCE_COPY_CALLS)
-        found = torch.tensor([sum(host), sum(matmul.seconds), sum(copy.seconds)], dtype=torch.float64,
-                             device=self.device)
+        found = torch.tensor([sum(timed(lambda: self.layers(self.x).sum().backward(), self.sync,
+                                        repeats=REFERENCE_HOST_CALLS)),
+                              sum(timed(lambda: torch.matmul(self.a, self.b, out=self.c), self.sync,
+                                        repeats=REFERENCE_GEMM_CALLS)),
+                              sum(timed(lambda: self.dst.copy_(self.src), self.sync, repeats=REFERENCE_COPY_CALLS))],
+                             dtype=torch.float64, device=self.device)
         dist.all_reduce(found, op=dist.ReduceOp.MAX)
         reading = {"t": time.time(), **dict(zip(REFERENCE_PROBES, found.tolist()))}
         self.readings.append(reading)

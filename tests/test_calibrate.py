@@ -321,5 +321,6 @@ def test_a_calibration_predicts_runs_it_never_saw(cli, tmp_path):
             assert carried["ratio"] == pytest.approx(ratio)
             assert carried["seconds"] == pytest.approx(st["seconds"] * ratio)
             assert abs(math.log(carried["seconds"] / measured)) <= math.log(1.5), (carried, measured)
+            assert f"carried to the machine as this run found it (its reference x{carried['ratio']:.3f})" in run.stdout
         else:
             assert "machine_reference" not in found  # contract.reference_every=0: nothing between the steps

@@ -396,6 +396,11 @@ def _run_job(cfg: DictConfig, r: Resolved, p: dict, out_dir: Path, snapshot: dic
     print(f"moe_hydra: {results['steps']} steps, window {results['window']}: step {results['step_time_ms']:.1f} ms, "
           f"{results['tokens_per_s_per_gpu']:.1f} tokens/s/GPU, {results['tflops_per_gpu']:.4f} TFLOP/s/GPU, "
           f"loss {loss['first']:.3f} -> {loss['last']:.3f}  ({out_dir / 'results.json'})", flush=True)
+    predicted, carried = results.get("step_time") or {}, results.get("step_time_carried")
+    if predicted.get("seconds") and predicted.get("interval_of") == "calibration":
+        print(f"moe_hydra: the calibration predicted {predicted['seconds'] * 1e3:.1f} ms"
+              + (f"; carried to the machine as this run found it (its reference x{carried['ratio']:.3f}): "
+                 f"{carried['seconds'] * 1e3:.1f} ms" if carried else ""), flush=True)
     router = results.get("router")
     if router:  # a MoE model's routers: the worst layer's imbalance, the window's mean
         worst = next(x for x in router["layers"] if x["layer"] == router["worst_layer"])

@@ -236,7 +236,7 @@ def test_the_layouts_are_measured_in_passes_there_and_back(monkeypatch):
     done = []
 
     class Layout:
-        def __init__(self, job, fields, say):
+        def __init__(self, job, fields, say, reference=None):
             self.fields = fields
 
         def round(self, timed):
@@ -318,6 +318,7 @@ def test_a_calibration_predicts_runs_it_never_saw(cli, tmp_path):
             ref, carried = found["machine_reference"], found["step_time_carried"]
             assert ref["readings"] == 4 and ref["every"] == 5 and found["step_time"]["seconds"] == st["seconds"]
             ratio = ref["index_s"] / st["calibration"]["reference"]["index_s"]
+            assert "each" not in st["calibration"]["reference"]  # the plan names the summary, not every reading
             assert carried["ratio"] == pytest.approx(ratio)
             assert carried["seconds"] == pytest.approx(st["seconds"] * ratio)
             assert abs(math.log(carried["seconds"] / measured)) <= math.log(1.5), (carried, measured)

@@ -310,9 +310,9 @@ def differences(a: Any, b: Any, prefix: str = "") -> list[str]:
 
 def carried(seconds: float, calibrated: dict[str, Any] | None, found: dict[str, Any] | None) -> dict[str, Any] | None:
     """A prediction ``seconds`` carried from the machine as its calibration found it to the machine as a run found
-    it: times the ratio of the two readings of the machine's reference (``moe_hydra.job.calibrate.Reference``: the run's
-    ``found``, the calibration's ``calibrated``; each a ``Reference.summary``). None when either has no reading or
-    the two read different references (then they do not compare)."""
+    it: times the ratio of the two readings of the machine's reference (``moe_hydra.job.calibrate.Reference``: the
+    run's ``found``, the calibration's ``calibrated``; each a ``Reference.summary``). None when either has no reading
+    or the two read different references (then they do not compare)."""
     if not calibrated or not found or calibrated.get("definition") != found.get("definition"):
         return None
     ratio = found["index_s"] / calibrated["index_s"]

@@ -39,9 +39,11 @@ def calibrated(r: Resolved, dense_params: int, expert_params: int, flops_per_tok
     settings). The rules (K01) refused a file that is unreadable or from another device kind or implementation."""
     cfg = r.cfg
     cal, sha = calibrated_step.load(cfg.hardware.calibration)
+    # the machine's reference as the calibration read it: its summary, not each reading (the search writes this
+    # for every layout it ranks)
+    reference = {k: v for k, v in (cal.get("reference") or {}).items() if k != "each"} or None
     named = {"file": str(calibrated_step.resolve_path(cfg.hardware.calibration)), "sha256": sha,
-             "machine": cal.get("machine"), "model": cal.get("model"),
-             "reference": cal.get("reference")}  # the machine's reference as the calibration read it
+             "machine": cal.get("machine"), "model": cal.get("model"), "reference": reference}
     found = estimate(cal, r, dense_params, expert_params)
     if isinstance(found, list):
         return {"seconds": None, "calibration": {**named, "applies": False, "differences": found}}

@@ -239,6 +239,22 @@ def test_an_error_a_signal_left_behind_ends_as_the_signal(tmp_path, raised, code
     assert ("Traceback" in r.stderr) == (raised is None)
 
 
+@pytest.mark.parametrize("signame, code, said", [
+    ("SIGTERM", 143, "moe_hydra.data: terminated (SIGTERM)"), ("SIGINT", 130, "moe_hydra.data: interrupted")])
+def test_an_error_after_a_lost_signal_ends_as_the_signal(tmp_path, signame, code, said):
+    """A signal whose exception the error after it no longer holds (CI: a SIGTERM in torch's import of numpy.linalg,
+    then a RecursionError with the SIGTERM nowhere in its context) still ends the command as the signal: the
+    command's handlers record it."""
+    script = tmp_path / "cmd.py"
+    script.write_text("import os, signal, time\nfrom moe_hydra.commands import finish\n\n\ndef run():\n"
+                      f"    try:\n        os.kill(os.getpid(), signal.{signame}); time.sleep(5)\n"
+                      "    except BaseException:\n        pass\n    raise RecursionError('the signal is lost')\n\n\n"
+                      "finish('data', run)\n")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == code and r.stderr.strip().splitlines()[-1] == said, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+
+
 @pytest.mark.parametrize("argv, orig, command", [
     (["-m"], ["python", "-m", "moe_hydra", "stage=plan"], "run"),
     (["-m"], ["python", "-u", "-m", "moe_hydra.tune", "x"], "tune"),

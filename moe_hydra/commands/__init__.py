@@ -35,7 +35,7 @@ from typing import NoReturn
 
 import moe_hydra
 from moe_hydra.core.errors import (EXIT_FAILED, EXIT_OK, EXIT_REFUSED, Failed, Refused, Terminated, exit_code_help,
-                                   raise_terminated, signal_exit)
+                                   raise_interrupted, raise_terminated, signal_exit, signalled)
 
 # In the order moe-hydra --help lists them: the loop's order, then the hand-off and the data
 COMMANDS = ("run", "tune", "bisect", "compare", "accept", "diff", "regress", "noise", "sweep", "export", "ingest", "data")
@@ -132,8 +132,8 @@ def finish(name: str, run: Callable[[], int | None]) -> NoReturn:
     signal coming just as the command ends (its own handler restored) is still its ending — one line, 130 or 143 —
     never a death by signal while the interpreter shuts down."""
     if threading.current_thread() is threading.main_thread():  # in place of those of its start (moe_hydra/__init__)
-        if signal.getsignal(signal.SIGINT) is moe_hydra._stopped_while_starting:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+        if signal.getsignal(signal.SIGINT) in (moe_hydra._stopped_while_starting, signal.default_int_handler):
+            signal.signal(signal.SIGINT, raise_interrupted)
         signal.signal(signal.SIGTERM, raise_terminated)
     try:
         code = run()
@@ -144,7 +144,7 @@ def finish(name: str, run: Callable[[], int | None]) -> NoReturn:
     except (KeyboardInterrupt, Terminated) as e:
         code = _stopped(name, e)
     except Exception as e:
-        stop = _signal_behind(e)
+        stop = _signal_behind(e) or signalled()
         if stop is None:
             raise
         code = _stopped(name, stop)
@@ -155,7 +155,7 @@ def _signal_behind(e: BaseException) -> KeyboardInterrupt | Terminated | None:
     """The signal's exception that ``e`` was raised while handling, if any. A signal can land inside an import and
     leave a half-initialized module behind, whose next use fails with an error of its own (CI saw a SIGTERM during
     torch's import of ``numpy.linalg`` end in a RecursionError): that error is the signal's ending, one line and
-    130 / 143, not a traceback."""
+    130 / 143, not a traceback. Where the chain no longer holds it (CI saw that too), :func:`signalled` does."""
     seen = set()
     while e is not None and id(e) not in seen:
         if isinstance(e, (KeyboardInterrupt, Terminated)):

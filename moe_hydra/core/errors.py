@@ -52,9 +52,27 @@ class Terminated(BaseException):
     run, one line, 143. A job's own handlers (the local launcher's, a rank's) take over while it trains."""
 
 
+_signalled: list[KeyboardInterrupt | Terminated] = []  # what the handlers below raised in this process, in order
+
+
 def raise_terminated(signum: int, frame) -> None:
-    """The SIGTERM handler a command runs under: :class:`Terminated` where it was."""
-    raise Terminated
+    """The SIGTERM handler a command runs under: :class:`Terminated` where it was, recorded (:func:`signalled`)."""
+    _signalled.append(Terminated())
+    raise _signalled[-1]
+
+
+def raise_interrupted(signum: int, frame) -> None:
+    """The SIGINT handler a command runs under: Python's own (KeyboardInterrupt where it was), recorded."""
+    _signalled.append(KeyboardInterrupt())
+    raise _signalled[-1]
+
+
+def signalled() -> KeyboardInterrupt | Terminated | None:
+    """The last SIGINT / SIGTERM this process's command handlers raised, if any. A signal can land where its
+    exception is lost or replaced — inside an import, whose half-initialized module then fails on its own (CI saw a
+    SIGTERM in torch's import of ``numpy.linalg`` end in a RecursionError whose context no longer held it) — so the
+    record, not the exception in hand, says that the command was stopped."""
+    return _signalled[-1] if _signalled else None
 
 
 def signal_exit(signame: str) -> int:

@@ -230,7 +230,8 @@ def test_stage_calibrate_measures_this_machine_on_the_jobs_processes(cli, tmp_pa
 def test_the_layouts_are_measured_in_passes_there_and_back(monkeypatch):
     """Every layout's steps in ROUNDS rounds, one a pass over the layouts, every other pass in the opposite order
     (a drift of the machine over the calibration lands on every layout alike, not on those in the middle), the
-    step_repeats shared between the rounds; the rows in the layouts' order."""
+    step_repeats shared between the rounds, after an untimed pass over the first layout (the process's first model
+    steps slower); the rows in the layouts' order."""
     from types import SimpleNamespace
 
     done = []
@@ -239,7 +240,10 @@ def test_the_layouts_are_measured_in_passes_there_and_back(monkeypatch):
         def __init__(self, job, fields, say, reference=None):
             self.fields = fields
 
-        def round(self, timed):
+        def round(self, timed, warm=False):
+            if warm:
+                assert timed == 0 and not done
+                return
             done.append((self.fields, timed))
 
         def result(self, say):
@@ -251,6 +255,57 @@ def test_the_layouts_are_measured_in_passes_there_and_back(monkeypatch):
     job = SimpleNamespace(r=SimpleNamespace(cfg=SimpleNamespace(calibrate=SimpleNamespace(step_repeats=7))))
     assert calibrate.steps(job, print) == ["a", "b", "c"]
     assert [f for f, _ in done] == ["a", "b", "c", "c", "b", "a", "a", "b", "c"] and {t for _, t in done} == {3}
+
+
+def test_a_round_builds_and_steps_one_model_at_a_time(monkeypatch):
+    """A round holds one model at a time, as a run does (a layout's five built at once stepped 1.16-1.52x slower than
+    fresh runs): each built, warmed up, its timers' blocks stepped on it in their order (a variant's right after
+    the layout's own at the same depth), let go before the next is built; the warm-up pass records nothing."""
+    from types import SimpleNamespace
+
+    from moe_hydra.core.resolved import resolve
+    from tests.conftest import compose_config
+
+    r = resolve(compose_config("hardware.devices_per_node=2", "stage=calibrate", "calibrate.layouts=plan"))
+    alive, events = set(), []
+
+    class Built:
+        def __init__(self, job, plan):
+            self.key = next(k for k, p in lay.models.items() if p is plan)
+            alive.add(self.key)
+            events.append(("build", self.key))
+
+        def free(self):
+            alive.discard(self.key)
+
+    def on(t, built):
+        t.built = built
+        return t
+
+    def step(t):
+        assert alive == {t.model} and t.built.key == t.model  # the one model alive is the timer's own
+        events.append(("step", t.model))
+        return 0.01, None, None
+
+    job = SimpleNamespace(r=r, for_plan=lambda plan: SimpleNamespace(init_model_parallel=lambda: None))
+    monkeypatch.setattr(calibrate, "Built", Built)
+    monkeypatch.setattr(calibrate, "release_model_parallel", lambda: None)
+    monkeypatch.setattr(calibrate.StepTimer, "on", on)
+    monkeypatch.setattr(calibrate.StepTimer, "step", step)
+    lay = calibrate.LayoutSteps(job, calibrate.layouts(r)[0], lambda text: None)
+    lay.round(0, warm=True)
+    assert not alive and all(t.rounds == 0 and not t.seconds for t in lay.timers)
+    built = [k for e, k in events if e == "build"]
+    assert built == list(lay.models) and len(built) == 5  # two depths, three variants
+    runs = [k for _, k in events]  # each model's steps all together, after its build
+    assert [k for i, k in enumerate(runs) if i == 0 or k != runs[i - 1]] == built
+    events.clear()
+    lay.round(2)
+    assert not alive and all(t.rounds == 1 and len(t.seconds) == 2 for t in lay.timers)
+    per_model = {k: sum(1 for t in lay.timers if t.model == k) for k in lay.models}
+    steps = [k for e, k in events if e == "step"]
+    assert {k: steps.count(k) for k in lay.models} == {
+        k: calibrate.STEP_WARMUP + 3 * n for k, n in per_model.items()}  # warm-up, then 1 untimed + 2 timed each
 
 
 def test_each_model_is_warmed_up_on_its_largest_micro_batch_at_the_fewest_a_step():

@@ -363,18 +363,22 @@ def steps(job: Any, say: Callable[[str], None], reference: Any = None) -> list[d
     """The model's training step, as the job times it (Megatron-Core's blocks, forward and backward through its
     schedule, the optimizer step; the slowest rank's time), on shrunken models: on each layout of :func:`layouts`,
     at every shape of :func:`step_shapes` with the plan's settings, and at :func:`variant_shapes` (some of them)
-    with each variant of :func:`variants` right after the layout's own at that shape, its pair (one the rules
-    refuse on a layout is left out there, and said). :data:`ROUNDS` passes over the layouts, every other one in the
+    with each variant of :func:`variants`, its model stepped right after the layout's own in each round, its pair
+    (one the rules refuse on a layout is left out there, and said). :data:`ROUNDS` passes over the layouts, every other one in the
     opposite order, each a round of every layout's steps (:class:`LayoutSteps`): this CPU's speed drifts by tens of
     percent over minutes, and measured once in sequence the layouts in the middle of a calibration came out 15-20 %
     slower than an hour earlier (tiny_moe: EP 2 and PP 2, measured third and fourth of six; the first 5 % faster),
     so that runs on them were predicted up to 0.30 too slow; in passes there and back every layout's steps
-    straddle the calibration, and ``between_rounds`` says how far its rounds differ. ``reference``
+    straddle the calibration, and ``between_rounds`` says how far its rounds differ. Before the first round, a
+    pass over the first layout's models and shapes, untimed: the first model a process steps ran its shapes 1.3-4x
+    slower than in the second round, for all of its blocks (tiny_moe, DP2, four calibrations: one 128-token sequence
+    76 ms then 29, a fresh run 34), the models after it as in their second round. ``reference``
     (:class:`Reference`) is read after every block of steps: the machine's speed while they
     were measured, which a run's reading is compared with. Returns, per layout: its
     ``parallel`` fields, the resolved plan of its first step, and its measurements (a variant's with its ``group``,
     ``option`` and ``config``)."""
     lays = [LayoutSteps(job, fields, say, reference) for fields in layouts(job.r)]
+    lays[0].round(0, warm=True)
     per_round = -(-job.r.cfg.calibrate.step_repeats // ROUNDS)
     for n in range(ROUNDS):
         for lay in lays if n % 2 == 0 else reversed(lays):
@@ -407,41 +411,50 @@ class LayoutSteps:
             for d in dict.fromkeys(shape[0] for shape in at_variants):
                 self.models[(group, option, d)] = shrunk(r, d, 1, longest, 1, fields, {group: values})
         self.timers = []
-        for shape in step_shapes(seq):  # the layout's own; at a variant shape, each variant right after it
+        for shape in step_shapes(seq):  # the layout's own; at a variant shape, each variant's too
             self.timers.append(StepTimer(("", "", shape[0]), shrunk(r, *shape, fields), {}))
             for group, option, values in others if shape in at_variants else ():
                 v = shrunk(r, *shape, fields, {group: values})
                 self.timers.append(StepTimer((group, option, shape[0]), v, {"group": group, "option": option,
                                                                      "config": cs.group_config(v.cfg, group)}))
 
-    def round(self, timed: int) -> None:
-        """The layout's process groups made, its models built and each first stepped :data:`STEP_WARMUP` times (its
-        buffers and the optimizer's states allocated: :func:`warmup_timers`), discarded; then a block per timer in
-        their order: one untimed step at its shape, then ``timed`` timed ones. Blocks, because a step right after
-        another shape's (another model's weights and optimizer states, other activation sizes) runs slower than the
-        same step repeated, as a run repeats it: measured one step a round, every shape came out 10-35 % slower than
-        the real runs it predicts (tiny_moe, 2 processes). The models and the groups let go after."""
+    def round(self, timed: int, warm: bool = False) -> None:
+        """The layout's process groups made; then one model at a time (its depth's, or a variant's), built, first
+        stepped :data:`STEP_WARMUP` times at its largest shape (its buffers and the optimizer's states allocated:
+        :func:`warmup_timers`), discarded, then a block per timer of it in their order: one untimed step at its
+        shape, then ``timed`` timed ones; the model let go before the next is built. Blocks, because a step right
+        after another shape's (other activation sizes) runs slower than the same step repeated, as a run repeats
+        it: measured one step a round, every shape came out 10-35 % slower than the real runs it predicts
+        (tiny_moe, 2 processes). One model at a time, because with a layout's five built at once (two depths,
+        three variants) its steps came out 1.16-1.52x slower than fresh runs of the same shapes, its first round
+        too, while a calibration of two models stepped them within 0.94-1.10x. The groups let go after. ``warm``:
+        one untimed step a timer and nothing recorded (:func:`steps`' pass before its rounds)."""
         t0 = time.perf_counter()
         release_model_parallel()
         self.job.for_plan(self.first).init_model_parallel()
-        built = {key: Built(self.job, plan) for key, plan in self.models.items()}
-        for t in self.timers:
-            t.on(built[t.model])
-        for t in warmup_timers(self.timers):
-            for _ in range(STEP_WARMUP):
-                t.step()
-        for t in self.timers:
-            t.step()  # the first after a switch
-            for _ in range(timed):
-                t.record()
-            t.rounds += 1
-            if self.reference is not None:
-                t.references.append(index_of(self.reference.read()))
-        for b in built.values():
-            b.free()
-        self.say(f"round {self.timers[0].rounds} of {ROUNDS} on {self.first.layout.describe()}: {len(self.timers)} "
-                 f"shapes on {len(built)} models, {len(self.timers) * timed} timed steps in "
-                 f"{time.perf_counter() - t0:.1f} s")
+        for key, plan in self.models.items():
+            timers = [t for t in self.timers if t.model == key]
+            built = Built(self.job, plan)
+            for t in timers:
+                t.on(built)
+            for t in warmup_timers(timers):
+                for _ in range(STEP_WARMUP):
+                    t.step()
+            for t in timers:
+                t.step()  # the first after a switch
+                if warm:
+                    continue
+                for _ in range(timed):
+                    t.record()
+                t.rounds += 1
+                if self.reference is not None:
+                    t.references.append(index_of(self.reference.read()))
+            built.free()
+            for t in timers:
+                t.off()
+        which = "warm-up pass (untimed)" if warm else f"round {self.timers[0].rounds} of {ROUNDS}"
+        self.say(f"{which} on {self.first.layout.describe()}: {len(self.timers)} shapes on {len(self.models)} models, "
+                 f"one at a time, {len(self.timers) * timed} timed steps in {time.perf_counter() - t0:.1f} s")
 
     def result(self, say: Callable[[str], None]) -> dict[str, Any]:
         """The layout's ``parallel`` fields, the resolved plan of its first step and a measurement row per timer."""
@@ -547,6 +560,10 @@ class StepTimer:
         self.forward_step = self.job._forward_step(self.data, built.tcfg)
         self.dp_rank = ps.get_data_parallel_rank()
         return self
+
+    def off(self) -> None:
+        """Bound to no model (its round's build let go)."""
+        self.built = self.forward_step = None
 
     def step(self) -> tuple[float, float | None, float | None]:
         """One step's seconds on this rank: wall, and on a GPU the host's and the device's (CUDA events)."""

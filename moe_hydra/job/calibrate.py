@@ -364,9 +364,9 @@ def steps(job: Any, say: Callable[[str], None], reference: Any = None) -> list[d
     schedule, the optimizer step; the slowest rank's time), on shrunken models: on each layout of :func:`layouts`,
     at every shape of :func:`step_shapes` with the plan's settings, and at :func:`variant_shapes` (some of them)
     with each variant of :func:`variants`, its model stepped right after the layout's own in each round, its pair
-    (one the rules refuse on a layout is left out there, and said). :data:`ROUNDS` passes over the layouts, every other one in the
-    opposite order, each a round of every layout's steps (:class:`LayoutSteps`): this CPU's speed drifts by tens of
-    percent over minutes, and measured once in sequence the layouts in the middle of a calibration came out 15-20 %
+    (one the rules refuse on a layout is left out there, and said). :data:`ROUNDS` passes over the layouts, every
+    other one in the opposite order, each a round of every layout's steps (:class:`LayoutSteps`): this CPU's speed
+    drifts by tens of percent over minutes, and measured once in sequence the layouts in the middle of a calibration came out 15-20 %
     slower than an hour earlier (tiny_moe: EP 2 and PP 2, measured third and fourth of six; the first 5 % faster),
     so that runs on them were predicted up to 0.30 too slow; in passes there and back every layout's steps
     straddle the calibration, and ``between_rounds`` says how far its rounds differ. Before the first round, a
@@ -388,8 +388,8 @@ def steps(job: Any, say: Callable[[str], None], reference: Any = None) -> list[d
 
 class LayoutSteps:
     """One layout's steps: the models it builds (a depth of :data:`DEPTHS`, or a variant's at its depth), the
-    timers stepped on them in order, and what each measured so far. :meth:`round` builds the models on the layout's
-    process groups, steps every timer once more and lets all of it go: a round of :func:`steps`."""
+    timers stepped on them in order, and what each measured so far. :meth:`round` makes the layout's process groups,
+    builds each model in turn, steps its timers once more and lets it go: a round of :func:`steps`."""
 
     def __init__(self, job: Any, fields: dict[str, Any], say: Callable[[str], None], reference: Any = None):
         from moe_hydra.core.versions import mcore_facts

@@ -361,21 +361,20 @@ def variants(r: Any) -> list[tuple[str, str, dict[str, Any]]]:
 
 def steps(job: Any, say: Callable[[str], None], reference: Any = None) -> list[dict[str, Any]]:
     """The model's training step, as the job times it (Megatron-Core's blocks, forward and backward through its
-    schedule, the optimizer step; the slowest rank's time), on shrunken models: on each layout of :func:`layouts`,
-    at every shape of :func:`step_shapes` with the plan's settings, and at :func:`variant_shapes` (some of them)
-    with each variant of :func:`variants`, its model stepped right after the layout's own in each round, its pair
-    (one the rules refuse on a layout is left out there, and said). :data:`ROUNDS` passes over the layouts, every
-    other one in the opposite order, each a round of every layout's steps (:class:`LayoutSteps`): this CPU's speed
-    drifts by tens of percent over minutes, and measured once in sequence the layouts in the middle of a calibration came out 15-20 %
-    slower than an hour earlier (tiny_moe: EP 2 and PP 2, measured third and fourth of six; the first 5 % faster),
-    so that runs on them were predicted up to 0.30 too slow; in passes there and back every layout's steps
-    straddle the calibration, and ``between_rounds`` says how far its rounds differ. Before the first round, a
-    pass over the first layout's models and shapes, untimed: the first model a process steps ran its shapes 1.3-4x
-    slower than in the second round, for all of its blocks (tiny_moe, DP2, four calibrations: one 128-token sequence
-    76 ms then 29, a fresh run 34), the models after it as in their second round. ``reference``
-    (:class:`Reference`) is read after every block of steps: the machine's speed while they
-    were measured, which a run's reading is compared with. Returns, per layout: its
-    ``parallel`` fields, the resolved plan of its first step, and its measurements (a variant's with its ``group``,
+    schedule, the optimizer step; the slowest rank's time), on shrunken models: on each layout of :func:`layouts`, at
+    every shape of :func:`step_shapes` with the plan's settings, and at :func:`variant_shapes` (some of them) with each
+    variant of :func:`variants`, its model stepped right after the layout's own in each round, its pair (one the rules
+    refuse on a layout is left out there, and said). :data:`ROUNDS` passes over the layouts, every other one in the
+    opposite order, each a round of every layout's steps (:class:`LayoutSteps`): this CPU's speed drifts by tens of
+    percent over minutes, and measured once in sequence the layouts in the middle of a calibration came out 15-20 %
+    slower than an hour earlier (tiny_moe: EP 2 and PP 2, measured third and fourth of six; the first 5 % faster), so
+    that runs on them were predicted up to 0.30 too slow; in passes there and back every layout's steps straddle the
+    calibration, and ``between_rounds`` says how far its rounds differ. Before the first round, a pass over the first
+    layout's models and shapes, untimed: the first model a process steps ran its shapes 1.3-4x slower than in the second
+    round, for all of its blocks (tiny_moe, DP2, four calibrations: one 128-token sequence 76 ms then 29, a fresh run
+    34), the models after it as in their second round. ``reference`` (:class:`Reference`) is read after every block of
+    steps: the machine's speed while they were measured, which a run's reading is compared with. Returns, per layout:
+    its ``parallel`` fields, the resolved plan of its first step, and its measurements (a variant's with its ``group``,
     ``option`` and ``config``)."""
     lays = [LayoutSteps(job, fields, say, reference) for fields in layouts(job.r)]
     lays[0].round(0, warm=True)

@@ -157,6 +157,35 @@ def test_a_layout_leaves_nothing_behind_for_the_next(tmp_path):
     assert min(found["groups"]) > 0 and found["threads"] == [found["threads_before"]] * 3, found
 
 
+def _resident_mib() -> float:
+    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def test_a_freed_models_heap_goes_back_to_the_system():
+    """What a freed model leaves in the C library's heap is handed back, not kept for the next model: 192 MiB of
+    small blocks (as a model's tensors and graph are) freed below one still in use stay resident until the trim."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    if not hasattr(libc, "malloc_trim"):
+        pytest.skip("this C library has no malloc_trim (not glibc)")
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    block = 16 * 1024
+    blocks = [libc.malloc(block) for _ in range(192 * 64)]
+    for b in blocks:
+        ctypes.memset(b, 1, block)
+    pinned = libc.malloc(block)  # in use above the freed ones: free() alone cannot shrink the heap past it
+    try:
+        for b in blocks:
+            libc.free(b)
+        freed = _resident_mib()
+        calibrate._trim_heap()
+        assert freed - _resident_mib() > 150, (freed, _resident_mib())
+    finally:
+        libc.free(pinned)
+
+
 def test_stage_calibrate_measures_this_machine_on_the_jobs_processes(cli, tmp_path):
     """python -m moe_hydra stage=calibrate on two processes (the plan's layout, the dispatcher's other option):
     calibration.json holds the machine; the model's step at every shape of step_shapes (Megatron-Core's training

@@ -543,10 +543,8 @@ def _trim_heap() -> None:
     the machine's own move between them (the reference), came to 0.072 and 0.069 in two calibrations, with the trim
     to 0.016 and 0.028. Nothing where the C library has no ``malloc_trim`` (musl, macOS)."""
     import ctypes
-    import ctypes.util
 
-    name = ctypes.util.find_library("c")
-    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # the process's own symbols: its C library's
     if trim is not None:
         trim(0)
 

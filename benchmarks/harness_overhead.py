@@ -41,7 +41,6 @@ import argparse
 import importlib.util
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -259,9 +258,11 @@ def launch_bare(procs: int, steps: int, first: int, out_dir: str) -> None:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    from moe_hydra.launch.local import free_port
+
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=procs, run_id=uuid.uuid4().hex[:8], rdzv_backend="c10d",
-        rdzv_endpoint=f"127.0.0.1:{_free_port()}", max_restarts=0, start_method="spawn",
+        rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0, start_method="spawn",
         logs_specs=DefaultLogsSpecs(log_dir=str(Path(out_dir, "ranks")),
                                     redirects={r: Std.ALL if r else Std.NONE for r in range(procs)}),
     )
@@ -269,12 +270,6 @@ def launch_bare(procs: int, steps: int, first: int, out_dir: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- driver
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run(cmd: list[str], cwd: str) -> None:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import time
 
 import pytest
 import torch
 
 from moe_hydra.job import calibrate
+from moe_hydra.launch.local import free_port
 
 
 @pytest.mark.parametrize("op, n, factor", [("all_reduce", 8, 1.75), ("all_reduce", 2, 1.0), ("all_gather", 4, 0.75),
@@ -52,12 +52,6 @@ def test_memory_bandwidth_counts_a_read_and_a_write():
     assert m.work == 2 * (1 << 16) * 2 and m.as_dict()["gb_per_s"] == pytest.approx(m.work / m.median_s / 1e9)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _ranks(rank: int, world: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
@@ -77,7 +71,7 @@ def test_collectives_on_two_gloo_processes(tmp_path):
     import torch.multiprocessing as mp
 
     out = str(tmp_path / "rows")
-    mp.spawn(_ranks, args=(2, _free_port(), out), nprocs=2)
+    mp.spawn(_ranks, args=(2, free_port(), out), nprocs=2)
     a, b = (json.loads(open(f"{out}.{r}").read()) for r in (0, 1))
     assert [r["op"] for r in a] == list(calibrate.COLLECTIVES)
     for r0, r1 in zip(a, b):
@@ -149,7 +143,7 @@ def test_a_layout_leaves_nothing_behind_for_the_next(tmp_path):
     import torch.multiprocessing as mp
 
     out = str(tmp_path / "found.json")
-    mp.spawn(_one_layout_after_another, args=(_free_port(), out), nprocs=1)
+    mp.spawn(_one_layout_after_another, args=(free_port(), out), nprocs=1)
     found = json.loads(open(out).read())
     assert found["model_alive"] == [False] * 3
     # each layout made its groups (three threads each); after it, the threads are what they were before the first

@@ -201,7 +201,8 @@ def rank_wrapper(cfg: Any, out_dir: Path) -> list[str]:
     return nsys_command(out_dir) if uses_nsys(cfg) else []
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on localhost that nothing listens on now (the OS picks it), for a rendezvous."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -311,7 +312,7 @@ def run_ranks(spec: dict[str, Any], world_size: int, out_dir: Path, *, wrapper: 
         entrypoint, args = worker, (spec,)
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=world_size, run_id=uuid.uuid4().hex[:8],
-        rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{_free_port()}", max_restarts=0, start_method=start_method,
+        rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0, start_method=start_method,
         # rank 0 writes to this console (progress bar, metric lines); the others to <job dir>/ranks/
         logs_specs=DefaultLogsSpecs(log_dir=str(logs), redirects={r: Std.ALL if r else Std.NONE for r in range(world_size)}),
     )

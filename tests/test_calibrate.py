@@ -212,6 +212,7 @@ def test_stage_calibrate_measures_this_machine_on_the_jobs_processes(cli, tmp_pa
     # step_repeats=3 in 2 rounds: 2 timed steps a round, each round's median within the steps' range
     assert all(m["median_s"] > 0 and m["samples"] == calibrate.ROUNDS * -(-3 // calibrate.ROUNDS) == 4 for m in steps)
     assert all(len(m["round_medians_s"]) == calibrate.ROUNDS and m["min_s"] <= min(m["round_medians_s"])
+               and m["steady_s"] == min(m["round_medians_s"])
                and max(m["round_medians_s"]) <= m["max_s"] and m["between_rounds"] == pytest.approx(
                    math.log(max(m["round_medians_s"]) / min(m["round_medians_s"]))) for m in steps)
     # at each variant shape, allgather right after the layout's own step (its pair), in the measured order
@@ -223,13 +224,13 @@ def test_stage_calibrate_measures_this_machine_on_the_jobs_processes(cli, tmp_pa
     (lay,) = rec["step"]["layouts"]
     assert lay["layout"]["dp"] == 2 and rec["step"]["holds"]["processes"]["devices_per_node"] == 2
     assert len(lay["points"]) == len(own) and 0 <= lay["held_out"]["median"] <= lay["held_out"]["worst"]
-    assert [p["seconds"] for p in lay["points"]] == [m["median_s"] for m in own]
+    assert [p["seconds"] for p in lay["points"]] == [m["steady_s"] for m in own]  # each row's steadier round
     (v,) = lay["variants"]
     assert v["option"] == "allgather" and v["config"]["moe_token_dispatcher_type"] == "allgather"
     assert set(v["deltas"]) == {"per_layer", "per_layer_token", "per_layer_token_seq"} and len(v["points"]) == 4
     assert v["extra_per_layer_token_seq"] >= 0 and v["layers_factor"] >= -1  # the layers' work never below 0
     assert v["held_out"]["worst"] >= v["held_out"]["median"]
-    assert [p["paired_seconds"] for p in v["points"]] == [steps[steps.index(m) - 1]["median_s"] for m in rest]
+    assert [p["paired_seconds"] for p in v["points"]] == [steps[steps.index(m) - 1]["steady_s"] for m in rest]
     # the machine's reference read after every block of steps: one a step row (each row one block a round)
     ref = rec["reference"]
     assert ref["readings"] == calibrate.ROUNDS * len(steps) == len(ref["each"])

@@ -605,7 +605,8 @@ class StepTimer:
             self.device.append(device)
 
     def row(self, say: Callable[[str], None]) -> dict[str, Any]:
-        """The measurement row: each step the slowest rank's."""
+        """The measurement row: each step the slowest rank's; each round's median, and ``steady_s``, the lower of
+        them, which the fit reads (:func:`fit_steps`)."""
         import torch
         import torch.distributed as dist
 
@@ -620,7 +621,8 @@ class StepTimer:
                         slowest, float(b.tokens_per_step), "token", warmup=self.calls - len(self.seconds))
         each = len(slowest) // max(self.rounds, 1)
         medians = [statistics.median(slowest[i:i + each]) for i in range(0, len(slowest), each)]
-        rounds = {"round_medians_s": medians, "between_rounds": math.log(max(medians) / min(medians))}
+        rounds = {"round_medians_s": medians, "steady_s": min(medians),
+                  "between_rounds": math.log(max(medians) / min(medians))}
         apart = {}
         if self.device:  # a GPU: where the step's time went, the host's enqueueing against the device's kernels
             apart = {"host_median_s": statistics.median(self.host), "device_median_s": statistics.median(self.device)}
@@ -636,7 +638,15 @@ class StepTimer:
 
 def fit_steps(measured: list[dict[str, Any]], r: Any) -> dict[str, Any]:
     """calibration.json's ``step`` from :func:`steps`' rows: per layout, the form fitted on its plan-settings steps
-    (:func:`moe_hydra.core.calibrated_step.derive`) and what each variant adds to its coefficients."""
+    (:func:`moe_hydra.core.calibrated_step.derive`) and what each variant adds to its coefficients.
+
+    A row's step is its ``steady_s``: of its rounds' medians the lower. A round's block is a few steps, and what
+    disturbs this machine (another tenant, a model just switched) lasts longer than a block and only ever adds time,
+    so a round came out a median 0.05-0.17 (|ln|) above the other and up to 1.6x, where a run's window of 40 steps
+    settles. Fitted on the rows' overall medians instead, three held-out benchmarks (2026-12-06, 15-30
+    configurations each) came to 0.175 / 0.357 / 0.389, 0.145 / 0.304 / 0.342 and 0.117 / 0.255 / 0.657 (median /
+    p90 / worst |ln|); on the lower rounds, 0.098 / 0.305 / 0.454, 0.091 / 0.204 / 0.310 and 0.108 / 0.219 / 0.437,
+    and the measured best layout predicted in 13 of 15 groups against 11 (docs/calibrate.md)."""
 
     def shape(row: dict[str, Any]) -> cs.Shape:
         return cs.Shape(row["pp"], row["microbatches"], row["layers"], row["micro_batch_size"] * row["seq_length"],
@@ -648,14 +658,14 @@ def fit_steps(measured: list[dict[str, Any]], r: Any) -> dict[str, Any]:
         entry = {"layout": cs.layout_of(lay["resolved"]), "parallel": lay["parallel"],
                  "settings": {g: {"option": getattr(r.cfg, g).name, "config": cs.group_config(r.cfg, g)}
                               for g in cs.VARIANT_GROUPS},
-                 **cs.derive([shape(x) for x in own], [x["median_s"] for x in own]), "variants": []}
+                 **cs.derive([shape(x) for x in own], [x["steady_s"] for x in own]), "variants": []}
         options = dict.fromkeys((x["group"], x["option"]) for x in lay["measurements"] if "option" in x)
-        own_at = {shape(x): x["median_s"] for x in own}  # a variant's pair: the layout's own step at its shape
+        own_at = {shape(x): x["steady_s"] for x in own}  # a variant's pair: the layout's own step at its shape
         for group, option in options:
             rows = [x for x in lay["measurements"] if x.get("group") == group and x.get("option") == option]
             entry["variants"].append({"group": group, "option": option, "config": rows[0]["config"],
                                       **cs.variant_terms(entry["coefficients"], [shape(x) for x in rows],
-                                                          [x["median_s"] for x in rows],
+                                                          [x["steady_s"] for x in rows],
                                                           [own_at[shape(x)] for x in rows])})
         fitted.append(entry)
     every = [p["held_out_abs_ln"] for e in fitted for p in e["points"]]
@@ -727,9 +737,10 @@ def worker(spec: dict[str, Any], job: Any) -> dict[str, Any] | None:
                          "torch.cuda.synchronize on a GPU", "collective_time": "the slowest rank's",
                          "step_time": "the slowest rank's, as the job times a step",
                          "step_order": f"{ROUNDS} passes over the layouts, every other one in the opposite order, "
-                                       f"each a round of a layout's steps: its models built, {STEP_WARMUP} steps of "
-                                       f"each discarded, then a block per shape: a step untimed, then "
+                                       f"each a round of a layout's steps: its models one at a time, each built, "
+                                       f"{STEP_WARMUP} steps discarded, then a block per shape: a step untimed, then "
                                        f"ceil(step_repeats / {ROUNDS}) timed",
+                         "step_fitted": "a row's steady_s: the lower of its rounds' medians",
                          "step_host_device": "on a GPU, rank 0's host_median_s (the host enqueueing the step) and "
                                              "device_median_s (CUDA events around it)"}}
     io.write_json(record, out_dir / CALIBRATION_FILE)

@@ -540,8 +540,8 @@ def _trim_heap() -> None:
     model's allocations start from pages as a fresh process's do. Without it every layout's second round stepped
     slower than its first in a full calibration, and the layouts measured late slower than fresh runs (tiny_moe, PP2
     after the other layouts and their variants: 1.2x): over all 168 step rows the median ln(round 2 / round 1), less
-    the machine's own move between them (the reference), came to 0.072 and 0.069 in two calibrations, with the trim
-    to 0.016 and 0.028. Nothing where the C library has no ``malloc_trim`` (musl, macOS)."""
+    the machine's own move between them (the reference), came to 0.072, 0.069 and 0.051 in three calibrations, with
+    the trim to 0.016, 0.028 and 0.008. Nothing where the C library has no ``malloc_trim`` (musl, macOS)."""
     import ctypes
 
     trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # the process's own symbols: its C library's
@@ -643,10 +643,11 @@ def fit_steps(measured: list[dict[str, Any]], r: Any) -> dict[str, Any]:
     A row's step is its ``steady_s``: of its rounds' medians the lower. A round's block is a few steps, and what
     disturbs this machine (another tenant, a model just switched) lasts longer than a block and only ever adds time,
     so a round came out a median 0.05-0.17 (|ln|) above the other and up to 1.6x, where a run's window of 40 steps
-    settles. Fitted on the rows' overall medians instead, three held-out benchmarks (2026-12-06, 15-30
-    configurations each) came to 0.175 / 0.357 / 0.389, 0.145 / 0.304 / 0.342 and 0.117 / 0.255 / 0.657 (median /
-    p90 / worst |ln|); on the lower rounds, 0.098 / 0.305 / 0.454, 0.091 / 0.204 / 0.310 and 0.108 / 0.219 / 0.437,
-    and the measured best layout predicted in 13 of 15 groups against 11 (docs/calibrate.md)."""
+    settles. Fitted on the rows' overall medians instead, four held-out benchmarks (2026-12-06, 15-30
+    configurations each) came to 0.175 / 0.357 / 0.389, 0.145 / 0.304 / 0.342, 0.117 / 0.255 / 0.657 and 0.176 /
+    0.410 / 0.549 (median / p90 / worst |ln|); on the lower rounds, 0.098 / 0.305 / 0.454, 0.091 / 0.204 / 0.310,
+    0.108 / 0.219 / 0.437 and 0.097 / 0.441 / 0.491, the measured best layout predicted in 15 of 18 groups against
+    14 (docs/calibrate.md)."""
 
     def shape(row: dict[str, Any]) -> cs.Shape:
         return cs.Shape(row["pp"], row["microbatches"], row["layers"], row["micro_batch_size"] * row["seq_length"],

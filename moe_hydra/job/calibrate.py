@@ -426,18 +426,25 @@ class LayoutSteps:
         it: measured one step a round, every shape came out 10-35 % slower than the real runs it predicts
         (tiny_moe, 2 processes). One model at a time, because with a layout's five built at once (two depths,
         three variants) its steps came out 1.16-1.52x slower than fresh runs of the same shapes, its first round
-        too, while a calibration of two models stepped them within 0.94-1.10x. The groups let go after. ``warm``:
-        one untimed step a timer and nothing recorded (:func:`steps`' pass before its rounds)."""
+        too, while a calibration of two models stepped them within 0.94-1.10x. After the first model's warm-up, one
+        untimed step at each of its shapes: the first blocks after a layout's groups were made came out slow where
+        the layout was measured among others (PP2 in the middle of four calibrations of every layout, its first
+        block 0.4-0.8 (|ln|, each block against the machine's reference) above a calibration of PP2 alone, its later
+        ones within the noise; measured first, or alone, not). The groups let go after. ``warm``: one untimed step a
+        timer and nothing recorded (:func:`steps`' pass before its rounds)."""
         t0 = time.perf_counter()
         release_model_parallel()
         self.job.for_plan(self.first).init_model_parallel()
-        for key, plan in self.models.items():
+        for i, (key, plan) in enumerate(self.models.items()):
             timers = [t for t in self.timers if t.model == key]
             built = Built(self.job, plan)
             for t in timers:
                 t.on(built)
             for t in warmup_timers(timers):
                 for _ in range(STEP_WARMUP):
+                    t.step()
+            if i == 0 and not warm:  # the layout's process groups just made: a pass over its first model's shapes
+                for t in timers:
                     t.step()
             for t in timers:
                 t.step()  # the first after a switch

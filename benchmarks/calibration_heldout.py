@@ -144,8 +144,8 @@ def earlier_runs(dirs: list[Path], name: str) -> list[float]:
     """The step times (s) of the configuration ``name`` measured by earlier benchmarks (their ``--dir``): the same
     runs at other hours. This CPU's speed moves by 10-25 % over hours, a calibration measures it in some minutes:
     against runs of several hours its error is the calibration's own, less the hour's state of the machine."""
-    return [json.loads(f.read_text())["step_time_ms"] / 1e3
-            for d in dirs for f in sorted((d / "runs").glob(f"{name}-[0-9]*/results.json"))]
+    found = [json.loads(f.read_text()) for d in dirs for f in sorted((d / "runs").glob(f"{name}-[0-9]*/results.json"))]
+    return [r["step_time_ms"] / 1e3 for r in found if "step_time_ms" in r]  # not a run stopped before its window
 
 
 def summary(errs: list[float]) -> str:

@@ -430,8 +430,8 @@ class LayoutSteps:
         untimed step at each of its shapes: the first blocks after a layout's groups were made came out slow where
         the layout was measured among others (PP2 in the middle of four calibrations of every layout, its first
         block 0.44-0.69 (ln, each block over the machine's reference) above calibrations of PP2 alone, its later ones
-        nearer; measured first, 0.07; with the step, in the middle, 0.29). The groups let go after. ``warm``: one untimed step a
-        timer and nothing recorded (:func:`steps`' pass before its rounds)."""
+        nearer; measured first, 0.07; with the step, in the middle, 0.29). The groups let go after. ``warm``: one
+        untimed step a timer and nothing recorded (:func:`steps`' pass before its rounds)."""
         t0 = time.perf_counter()
         release_model_parallel()
         self.job.for_plan(self.first).init_model_parallel()
@@ -746,7 +746,8 @@ def worker(spec: dict[str, Any], job: Any) -> dict[str, Any] | None:
                          "step_time": "the slowest rank's, as the job times a step",
                          "step_order": f"{ROUNDS} passes over the layouts, every other one in the opposite order, "
                                        f"each a round of a layout's steps: its models one at a time, each built, "
-                                       f"{STEP_WARMUP} steps discarded, then a block per shape: a step untimed, then "
+                                       f"{STEP_WARMUP} steps discarded (the layout's first model: then a step at "
+                                       f"each of its shapes), then a block per shape: a step untimed, then "
                                        f"ceil(step_repeats / {ROUNDS}) timed",
                          "step_fitted": "a row's steady_s: the lower of its rounds' medians",
                          "step_host_device": "on a GPU, rank 0's host_median_s (the host enqueueing the step) and "

@@ -110,15 +110,24 @@ def measure(root: Path, name: str, overrides: list[str], runs: int, window: int,
     out = []
     for i in range(runs):
         d = root / "runs" / f"{name}-{i}"
-        if not (d / "results.json").exists():
+        if finished(d / "results.json") is None:
             r = _cli([*BASE, *overrides, f"contract.warmup_steps={WARMUP}",
                       f"contract.window=[{WARMUP + 1},{WARMUP + window}]", f"train.train_iters={WARMUP + window}",
                       f"contract.reference_every={every}", f"hydra.run.dir={d}"])
             if r.returncode != 0:
                 print(f"  {name}: run {i} failed: {(r.stdout + r.stderr).strip().splitlines()[-1]}", flush=True)
                 continue
-        out.append(json.loads((d / "results.json").read_text()))
+        if (res := finished(d / "results.json")) is not None:
+            out.append(res)
     return out
+
+
+def finished(path: Path) -> dict | None:
+    """A run's results.json, or None: no file, or a run stopped before its window (no ``step_time_ms``)."""
+    if not path.exists():
+        return None
+    res = json.loads(path.read_text())
+    return res if "step_time_ms" in res else None
 
 
 def carried(st: dict, runs: list[dict]) -> float | None:
@@ -144,8 +153,8 @@ def earlier_runs(dirs: list[Path], name: str) -> list[float]:
     """The step times (s) of the configuration ``name`` measured by earlier benchmarks (their ``--dir``): the same
     runs at other hours. This CPU's speed moves by 10-25 % over hours, a calibration measures it in some minutes:
     against runs of several hours its error is the calibration's own, less the hour's state of the machine."""
-    found = [json.loads(f.read_text()) for d in dirs for f in sorted((d / "runs").glob(f"{name}-[0-9]*/results.json"))]
-    return [r["step_time_ms"] / 1e3 for r in found if "step_time_ms" in r]  # not a run stopped before its window
+    found = (finished(f) for d in dirs for f in sorted((d / "runs").glob(f"{name}-[0-9]*/results.json")))
+    return [r["step_time_ms"] / 1e3 for r in found if r is not None]
 
 
 def summary(errs: list[float]) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import time
 
 import pytest
@@ -195,7 +196,8 @@ def test_stage_calibrate_measures_this_machine_on_the_jobs_processes(cli, tmp_pa
     assert "measurements on 2 processes" in r.stdout and "calibrate: all_to_all over 2 processes" in r.stdout
     rec = json.loads((tmp_path / "run" / "calibration.json").read_text())
     assert rec["calibration_version"] == calibrate.CALIBRATION_VERSION and rec["model"] == "tiny_moe"
-    assert rec["seconds"] > 0
+    assert rec["seconds"] > 0 and len(rec["launch_seconds"]) == 1 and 0 < rec["launch_seconds"][0] < rec["seconds"]
+    assert rec["method"]["processes"] == calibrate.PER_LAYOUT  # one launch: the plan's layout only
     assert rec["machine"]["processes"] == 2 and rec["machine"]["device_type"] == "cpu" and rec["machine"]["torch"]
     by_kind: dict[str, list] = {}
     for m in rec["measurements"]:
@@ -212,7 +214,8 @@ def test_stage_calibrate_measures_this_machine_on_the_jobs_processes(cli, tmp_pa
     # step_repeats=3 in 2 rounds: 2 timed steps a round, each round's median within the steps' range
     assert all(m["median_s"] > 0 and m["samples"] == calibrate.ROUNDS * -(-3 // calibrate.ROUNDS) == 4 for m in steps)
     assert all(len(m["round_medians_s"]) == calibrate.ROUNDS and m["min_s"] <= min(m["round_medians_s"])
-               and m["steady_s"] == min(m["round_medians_s"])
+               and m["steady_s"] == min(m["round_medians_s"]) and len(m["each_s"]) == m["samples"]
+               and m["round_medians_s"][0] == statistics.median(m["each_s"][:2])
                and max(m["round_medians_s"]) <= m["max_s"] and m["between_rounds"] == pytest.approx(
                    math.log(max(m["round_medians_s"]) / min(m["round_medians_s"]))) for m in steps)
     # at each variant shape, allgather right after the layout's own step (its pair), in the measured order
@@ -367,6 +370,37 @@ def test_the_layouts_and_variants_it_measures_are_every_one_the_job_can_run():
     plan_only = resolve(compose_config("hardware.devices_per_node=2", "expert_mesh=ep2", "calibrate.layouts=plan"))
     assert [(f["expert_model_parallel_size"], f["sequence_parallel"]) for f in calibrate.layouts(plan_only)] == [
         (2, False)]
+
+
+
+def test_a_local_calibration_launches_the_jobs_processes_once_a_layout(monkeypatch, tmp_path):
+    """stage=calibrate on the local launcher: one launch of the job's processes a layout, in the layouts' order (a
+    layout measured after others in one process steps slower than alone), the rates measured by the first only;
+    calibration.json written here from what every launch's rank 0 found, in that order, the first's machine."""
+    from moe_hydra.commands import run
+    from moe_hydra.core.resolved import resolve
+    from tests.conftest import compose_config
+
+    r = resolve(compose_config("hardware.devices_per_node=2", "stage=calibrate"))
+    n = len(calibrate.layouts(r))
+    assert calibrate.parts(r) == [{"layouts": [i], "rates": i == 0} for i in range(n)] and n == 6
+    launched, written = [], []
+
+    def launch(cfg, r, p, out_dir, snapshot, **more):
+        launched.append(more)
+        return {"machine": {"launch": len(launched)}, "layouts": [f"layout {more[calibrate.PART]['layouts'][0]}"]}
+
+    def write(r, implementation, found, out_dir, seconds, processes):
+        written.append((found, processes, seconds))
+        return {"measurements": [], "machine": {"processes": 2}, "seconds": seconds}
+
+    monkeypatch.setattr(run, "_launch", launch)
+    monkeypatch.setattr(calibrate, "write", write)
+    assert run._run_calibrate(None, r, {}, tmp_path, {}) == "COMPLETED"
+    assert launched == [{calibrate.PART: part} for part in calibrate.parts(r)]
+    (found, processes, seconds), = written
+    assert [x["layouts"] for x in found] == [[f"layout {i}"] for i in range(n)] and processes == calibrate.PER_LAYOUT
+    assert seconds > 0
 
 
 @pytest.mark.slow

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 import traceback
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -376,11 +377,11 @@ def _job_spec(cfg: DictConfig, r: Resolved, p: dict, out_dir: Path, snapshot: di
             "out_dir": str(out_dir), "env": snapshot}
 
 
-def _launch(cfg: DictConfig, r: Resolved, p: dict, out_dir: Path, snapshot: dict) -> dict:
-    """Start the job's ranks here (the machine was checked); rank 0's return. A failed or stopped job, or packages
-    that cannot be imported here (H09), end the command as such."""
+def _launch(cfg: DictConfig, r: Resolved, p: dict, out_dir: Path, snapshot: dict, **more: Any) -> dict:
+    """Start the job's ranks here (the machine was checked), ``more`` added to their spec; rank 0's return. A failed
+    or stopped job, or packages that cannot be imported here (H09), end the command as such."""
     try:
-        return local.launch_local(_job_spec(cfg, r, p, out_dir, snapshot), r.layout.world_size, out_dir)
+        return local.launch_local({**_job_spec(cfg, r, p, out_dir, snapshot), **more}, r.layout.world_size, out_dir)
     except local.JobFailed as e:
         _fail(str(e))
     except local.JobStopped as e:
@@ -413,8 +414,15 @@ def _run_job(cfg: DictConfig, r: Resolved, p: dict, out_dir: Path, snapshot: dic
 
 
 def _run_calibrate(cfg: DictConfig, r: Resolved, p: dict, out_dir: Path, snapshot: dict) -> str:
-    """stage=calibrate: the job's processes measure this machine (moe_hydra.job.calibrate); calibration.json."""
-    record = _launch(cfg, r, p, out_dir, snapshot)
+    """stage=calibrate: the job's processes measure this machine (moe_hydra.job.calibrate), launched once a layout
+    (``calibrate.parts``: a layout measured after others in one process steps slower than alone); calibration.json
+    from what they found, fitted here."""
+    from moe_hydra.job import calibrate
+
+    t0 = time.perf_counter()
+    found = [_launch(cfg, r, p, out_dir, snapshot, **{calibrate.PART: part}) for part in calibrate.parts(r)]
+    record = calibrate.write(r, p.get("implementation"), found, out_dir, time.perf_counter() - t0,
+                             calibrate.PER_LAYOUT)
     print(f"moe_hydra: {len(record['measurements'])} measurements on {record['machine']['processes']} processes in "
           f"{record['seconds']:.1f} s  ({out_dir / 'calibration.json'})", flush=True)
     return "COMPLETED"

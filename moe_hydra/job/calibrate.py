@@ -359,7 +359,8 @@ def variants(r: Any) -> list[tuple[str, str, dict[str, Any]]]:
     return out
 
 
-def steps(job: Any, say: Callable[[str], None], reference: Any = None) -> list[dict[str, Any]]:
+def steps(job: Any, say: Callable[[str], None], reference: Any = None, which: list[int] | None = None
+          ) -> list[dict[str, Any]]:
     """The model's training step, as the job times it (Megatron-Core's blocks, forward and backward through its
     schedule, the optimizer step; the slowest rank's time), on shrunken models: on each layout of :func:`layouts`, at
     every shape of :func:`step_shapes` with the plan's settings, and at :func:`variant_shapes` (some of them) with each
@@ -369,14 +370,16 @@ def steps(job: Any, say: Callable[[str], None], reference: Any = None) -> list[d
     percent over minutes, and measured once in sequence the layouts in the middle of a calibration came out 15-20 %
     slower than an hour earlier (tiny_moe: EP 2 and PP 2, measured third and fourth of six; the first 5 % faster), so
     that runs on them were predicted up to 0.30 too slow; in passes there and back every layout's steps straddle the
-    calibration, and ``between_rounds`` says how far its rounds differ. Before the first round, a pass over the first
+    calibration, and ``between_rounds`` says how far its rounds differ. ``which``: the indices of the layouts to
+    measure (:func:`parts`), None every one. Before the first round, a pass over the first
     layout's models and shapes, untimed: the first model a process steps ran its shapes 1.3-4x slower than in the second
     round, for all of its blocks (tiny_moe, DP2, four calibrations: one 128-token sequence 76 ms then 29, a fresh run
     34), the models after it as in their second round. ``reference`` (:class:`Reference`) is read after every block of
     steps: the machine's speed while they were measured, which a run's reading is compared with. Returns, per layout:
     its ``parallel`` fields, the resolved plan of its first step, and its measurements (a variant's with its ``group``,
     ``option`` and ``config``)."""
-    lays = [LayoutSteps(job, fields, say, reference) for fields in layouts(job.r)]
+    lays = [LayoutSteps(job, fields, say, reference) for i, fields in enumerate(layouts(job.r))
+            if which is None or i in which]
     lays[0].round(0, warm=True)
     per_round = -(-job.r.cfg.calibrate.step_repeats // ROUNDS)
     for n in range(ROUNDS):
@@ -628,7 +631,7 @@ class StepTimer:
                         slowest, float(b.tokens_per_step), "token", warmup=self.calls - len(self.seconds))
         each = len(slowest) // max(self.rounds, 1)
         medians = [statistics.median(slowest[i:i + each]) for i in range(0, len(slowest), each)]
-        rounds = {"round_medians_s": medians, "steady_s": min(medians),
+        rounds = {"each_s": slowest, "round_medians_s": medians, "steady_s": min(medians),
                   "between_rounds": math.log(max(medians) / min(medians))}
         apart = {}
         if self.device:  # a GPU: where the step's time went, the host's enqueueing against the device's kernels
@@ -683,19 +686,35 @@ def fit_steps(measured: list[dict[str, Any]], r: Any) -> dict[str, Any]:
             "holds": cs.holds(r), "layouts": fitted}
 
 
-def worker(spec: dict[str, Any], job: Any) -> dict[str, Any] | None:
-    """One rank of ``stage=calibrate`` (``job``: this rank's :class:`moe_hydra.job.train.Job` of the plan, not yet
-    started): the model's step at shrunken depths, the GEMMs at the model's shapes, the
-    memory bandwidth, and every collective over all the job's processes at sizes across the range; rank 0 fits the
-    step (:mod:`moe_hydra.core.calibrated_step`), writes ``calibration.json`` and returns it."""
+PART = "calibrate_part"  # a job spec's key: what this launch of the job's processes measures (:func:`parts`)
+
+
+def parts(r: Any) -> list[dict[str, Any]]:
+    """What each launch of the job's processes measures when a calibration is launched once a layout (the local and
+    warm launchers: :func:`moe_hydra.commands.run._run_calibrate`): the indices of :func:`layouts` it steps
+    (``layouts``; one each, in their order) and whether it also measures the rates (``rates``: the GEMMs, the memory
+    bandwidth and the collectives; the first). A layout measured after others in one process stepped slower than
+    measured alone, and slower than the runs it predicts: tiny_moe PP2, each block of steps over the machine's
+    reference, a median 0.065-0.215 (ln) above calibrations of PP2 alone in four calibrations of every layout, its
+    first blocks 0.29-0.69, where measured first 0.019; the same layout measured four times over in one process
+    stepped alike every time, so what slows it is the layouts before it, not the process's age. A calibration of
+    one layout predicted fresh runs right after it within 0.03-0.09 (docs/calibrate.md)."""
+    return [{"layouts": [i], "rates": i == 0} for i in range(len(layouts(r)))]
+
+
+def measure(spec: dict[str, Any], job: Any, which: list[int] | None = None, rates: bool = True
+            ) -> dict[str, Any] | None:
+    """One rank's share of ``stage=calibrate`` in this process (``job``: this rank's
+    :class:`moe_hydra.job.train.Job` of the plan, not yet started): the model's step at shrunken depths on the
+    layouts ``which`` (:func:`steps`; None: every one), the machine's reference after each block of them, and with
+    ``rates`` the GEMMs at the model's shapes, the memory bandwidth and every collective over all the job's processes
+    at sizes across the range. Rank 0 returns what it found (:func:`write` fits it), the others None."""
     import torch
     import torch.distributed as dist
 
-    from moe_hydra.core import io
     from moe_hydra.job.compat import cpu_has_bf16
 
     r = spec["resolved"]
-    out_dir = Path(spec["out_dir"])
     job.init_distributed()  # the run's: process group, threads, CPU shims, the plan's meshes
     rank, world, device, gpu = job.rank, job.world, job.device, job.on_gpu
     t0 = time.perf_counter()
@@ -704,65 +723,103 @@ def worker(spec: dict[str, Any], job: Any) -> dict[str, Any] | None:
 
     def say(text: str) -> None:
         if rank == 0:
-            print(f"calibrate: {text}", flush=True)
+            announce(text)
 
     rows: list[dict[str, Any]] = []
     ref = Reference(device)
     try:
-        measured = steps(job, say, ref)
+        measured = steps(job, say, ref, which)
         each = [index_of(x) for x in ref.readings]
         say(f"the machine's reference (fixed work read after each block of steps): {len(each)} readings, "
             f"{min(each) * 1e3:.1f}..{max(each) * 1e3:.1f} ms, median {statistics.median(each) * 1e3:.1f} ms")
-        rows += [x for lay in measured for x in lay["measurements"]]
-        release_model_parallel()
-        job.init_model_parallel()  # the plan's meshes again
-        steps_measured = len(rows)
-        for name, m, n, k in gemm_shapes(r.arch, r.batch.seq_length):
-            rows.append({**gemm(m, n, k, dtype, device).as_dict(), "gemm": name})
-        say(f"{len(rows) - steps_measured} GEMMs at the model's shapes ({str(dtype).replace('torch.', '')}): "
-            f"{min(x['tflops'] for x in rows if x['kind'] == 'gemm'):.3g}.."
-            f"{max(x['tflops'] for x in rows if x['kind'] == 'gemm'):.3g} TFLOP/s")
-        for numel in ((1 << 22, 1 << 26) if gpu else (1 << 20, 1 << 23)):
-            rows.append(memory_bandwidth(numel, dtype, device).as_dict())
-        say(f"memory bandwidth: {rows[-1]['gb_per_s']:.3g} GB/s")
-        if world > 1:
-            for op in COLLECTIVES:
-                for nbytes in (GPU_COLLECTIVE_BYTES if gpu else CPU_COLLECTIVE_BYTES):
-                    rows.append(collective(op, nbytes, device=device).as_dict())
-                say(f"{op} over {world} processes: {rows[-1]['busbw_gb_per_s']:.3g} GB/s bus bandwidth at "
-                    f"{rows[-1]['bytes']} B")
+        if rates:
+            release_model_parallel()
+            job.init_model_parallel()  # the plan's meshes again
+            for name, m, n, k in gemm_shapes(r.arch, r.batch.seq_length):
+                rows.append({**gemm(m, n, k, dtype, device).as_dict(), "gemm": name})
+            say(f"{len(rows)} GEMMs at the model's shapes ({str(dtype).replace('torch.', '')}): "
+                f"{min(x['tflops'] for x in rows):.3g}..{max(x['tflops'] for x in rows):.3g} TFLOP/s")
+            for numel in ((1 << 22, 1 << 26) if gpu else (1 << 20, 1 << 23)):
+                rows.append(memory_bandwidth(numel, dtype, device).as_dict())
+            say(f"memory bandwidth: {rows[-1]['gb_per_s']:.3g} GB/s")
+            if world > 1:
+                for op in COLLECTIVES:
+                    for nbytes in (GPU_COLLECTIVE_BYTES if gpu else CPU_COLLECTIVE_BYTES):
+                        rows.append(collective(op, nbytes, device=device).as_dict())
+                    say(f"{op} over {world} processes: {rows[-1]['busbw_gb_per_s']:.3g} GB/s bus bandwidth at "
+                        f"{rows[-1]['bytes']} B")
     finally:
         release_model_parallel()
         dist.destroy_process_group()
     if rank != 0:
         return None
+    return {"machine": machine(device, world), "layouts": measured, "rates": rows, "reference": ref.readings,
+            "seconds": time.perf_counter() - t0}
+
+
+def announce(text: str) -> None:
+    """A line of the calibration's progress on the console."""
+    print(f"calibrate: {text}", flush=True)
+
+
+def write(r: Any, implementation: Any, found: list[dict[str, Any]], out_dir: Path, seconds: float,
+          processes: str) -> dict[str, Any]:
+    """calibration.json from what each launch's rank 0 found (:func:`measure`; the first's machine): the step fitted
+    on every layout's rows (:func:`fit_steps`), every measurement, the machine's reference over all the readings,
+    ``seconds`` the calibration took and how (``launch_seconds``: each launch's, from its process group to its
+    last measurement; the rest is starting them); written to ``out_dir`` and returned."""
+    from moe_hydra.core import io
+
+    measured = [lay for part in found for lay in part["layouts"]]
+    rows = [x for lay in measured for x in lay["measurements"]] + [x for part in found for x in part["rates"]]
     step = fit_steps(measured, r)
-    record = {"calibration_version": CALIBRATION_VERSION, "machine": machine(device, world),
-              "implementation": spec["plan"].get("implementation"), "model": r.cfg.model.name,
-              "step": step, "measurements": rows, "reference": ref.summary(), "seconds": time.perf_counter() - t0,
+    record = {"calibration_version": CALIBRATION_VERSION, "machine": found[0]["machine"],
+              "implementation": implementation, "model": r.cfg.model.name, "step": step, "measurements": rows,
+              "reference": reference_summary([x for part in found for x in part["reference"]]), "seconds": seconds,
+              "launch_seconds": [part["seconds"] for part in found],
               "method": {"warmup_discarded": WARMUP, "repeats": REPEATS, "step_warmup_discarded": STEP_WARMUP,
                          "step_repeats": r.cfg.calibrate.step_repeats, "clock": "time.perf_counter, after "
                          "torch.cuda.synchronize on a GPU", "collective_time": "the slowest rank's",
-                         "step_time": "the slowest rank's, as the job times a step",
+                         "step_time": "the slowest rank's, as the job times a step", "processes": processes,
                          "step_order": f"{ROUNDS} passes over the layouts, every other one in the opposite order, "
                                        f"each a round of a layout's steps: its models one at a time, each built, "
                                        f"{STEP_WARMUP} steps discarded (the layout's first model: then a step at "
                                        f"each of its shapes), then a block per shape: a step untimed, then "
-                                       f"ceil(step_repeats / {ROUNDS}) timed",
+                                       f"ceil(step_repeats / {ROUNDS}) timed; before the first round, a step at "
+                                       f"each shape of the process's first layout, untimed",
                          "step_fitted": "a row's steady_s: the lower of its rounds' medians",
                          "step_host_device": "on a GPU, rank 0's host_median_s (the host enqueueing the step) and "
                                              "device_median_s (CUDA events around it)"}}
     io.write_json(record, out_dir / CALIBRATION_FILE)
     for lay in step["layouts"]:
         held = lay["held_out"]
-        say(f"step on {cs.describe_layout(lay['layout'])} fitted on {held['points']} steps: held out "
+        announce(f"step on {cs.describe_layout(lay['layout'])} fitted on {held['points']} steps: held out "
             f"(each step predicted by the others) median |ln| {held['median']:.3f}, p90 {held['p90']:.3f}, worst "
             f"{held['worst']:.3f}" + "".join(f"; {v['group']}={v['option']}: the layers' work x"
                                              f"{1 + v['layers_factor']:.2f}, {v['extra_per_layer_token_seq']:+.3g} "
                                              f"s per token and key (worst {v['held_out']['worst']:.3f})"
                                              for v in lay["variants"]))
-    say(f"{len(rows)} measurements in {record['seconds']:.1f} s -> {out_dir / CALIBRATION_FILE}")
+    announce(f"{len(rows)} measurements in {seconds:.1f} s -> {out_dir / CALIBRATION_FILE}")
     return record
+
+
+ONE_PROCESS = "every layout in one process"
+PER_LAYOUT = "a launch of the job's processes a layout (parts)"
+
+
+def worker(spec: dict[str, Any], job: Any) -> dict[str, Any] | None:
+    """One rank of ``stage=calibrate``: with ``spec[PART]`` (:func:`parts`) what that launch measures, rank 0's
+    findings returned (:func:`measure`); without, the whole calibration in this process (a Slurm job's ranks), rank 0
+    writing ``calibration.json`` and returning it."""
+    part = spec.get(PART)
+    if part is not None:
+        return measure(spec, job, part["layouts"], part["rates"])
+    t0 = time.perf_counter()
+    found = measure(spec, job)
+    if found is None:
+        return None
+    return write(spec["resolved"], spec["plan"].get("implementation"), [found], Path(spec["out_dir"]),
+                 time.perf_counter() - t0, ONE_PROCESS)
 
 
 # ------------------------------------------------------------------ the machine's reference
@@ -838,14 +895,19 @@ class Reference:
     def summary(self) -> dict[str, Any] | None:
         """Each probe's median, min and max (s) over the readings, ``index_s`` (:func:`index_of` their medians) and
         ``each`` reading (with its ``time.time``); None without a reading."""
-        if not self.readings:
-            return None
-        probes = {k: {"median_s": statistics.median(x[k] for x in self.readings),
-                      "min_s": min(x[k] for x in self.readings), "max_s": max(x[k] for x in self.readings)}
-                  for k in REFERENCE_PROBES}
-        index = index_of({k: p["median_s"] for k, p in probes.items()})
-        return {"index_s": index, "readings": len(self.readings), "probes": probes, "definition": REFERENCE_DEFINITION,
-                "each": self.readings}
+        return reference_summary(self.readings)
+
+
+def reference_summary(readings: list[dict[str, float]]) -> dict[str, Any] | None:
+    """:meth:`Reference.summary` of ``readings`` (a calibration's, over its launches)."""
+    if not readings:
+        return None
+    probes = {k: {"median_s": statistics.median(x[k] for x in readings),
+                  "min_s": min(x[k] for x in readings), "max_s": max(x[k] for x in readings)}
+              for k in REFERENCE_PROBES}
+    index = index_of({k: p["median_s"] for k, p in probes.items()})
+    return {"index_s": index, "readings": len(readings), "probes": probes, "definition": REFERENCE_DEFINITION,
+            "each": readings}
 
 
 def index_of(reading: dict[str, float]) -> float:

@@ -113,10 +113,6 @@ def worker(spec: dict[str, Any]) -> dict[str, Any] | None:
         Stopped: a signal stopped the job (its results were written first).
     """
     r: Resolved = spec["resolved"]
-    if r.cfg.stage is Stage.calibrate:  # the same launch (local, warm, Slurm), another job: the machine's rates
-        from moe_hydra.job import calibrate
-
-        return calibrate.worker(spec, Job(r, spec["plan"]))
     out_dir = Path(spec["out_dir"])
     rank = int(os.environ.get("RANK", "0"))
     # a native crash (SIGSEGV, SIGBUS, SIGABRT in torch, gloo or a kernel) prints every thread's Python stack to the
@@ -124,6 +120,10 @@ def worker(spec: dict[str, Any]) -> dict[str, Any] | None:
     faulthandler.enable(all_threads=True)
     _warnings_to_file(out_dir / "ranks" / f"warnings.rank{rank}.log")
     warm_server.replay_warnings()  # a rank forked from a warm server: the warnings its imports gave there
+    if r.cfg.stage is Stage.calibrate:  # the same launch (local, warm, Slurm), another job: the machine's rates
+        from moe_hydra.job import calibrate
+
+        return calibrate.worker(spec, Job(r, spec["plan"]))
     origin = spec.get("startup") or startup.origin("in_process", first=True)
     stamp = {"results_version": results_schema.RESULTS_VERSION, "run_id": uuid.uuid4().hex}  # rank 0's is written
     results = None

@@ -372,7 +372,6 @@ def test_the_layouts_and_variants_it_measures_are_every_one_the_job_can_run():
         (2, False)]
 
 
-
 def test_a_local_calibration_launches_the_jobs_processes_once_a_layout(monkeypatch, tmp_path):
     """stage=calibrate on the local launcher: one launch of the job's processes a layout, in the layouts' order (a
     layout measured after others in one process steps slower than alone), the rates measured by the first only;

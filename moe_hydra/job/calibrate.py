@@ -794,11 +794,12 @@ def write(r: Any, implementation: Any, found: list[dict[str, Any]], out_dir: Pat
     for lay in step["layouts"]:
         held = lay["held_out"]
         announce(f"step on {cs.describe_layout(lay['layout'])} fitted on {held['points']} steps: held out "
-            f"(each step predicted by the others) median |ln| {held['median']:.3f}, p90 {held['p90']:.3f}, worst "
-            f"{held['worst']:.3f}" + "".join(f"; {v['group']}={v['option']}: the layers' work x"
-                                             f"{1 + v['layers_factor']:.2f}, {v['extra_per_layer_token_seq']:+.3g} "
-                                             f"s per token and key (worst {v['held_out']['worst']:.3f})"
-                                             for v in lay["variants"]))
+                 f"(each step predicted by the others) median |ln| {held['median']:.3f}, p90 {held['p90']:.3f}, "
+                 f"worst {held['worst']:.3f}" + "".join(f"; {v['group']}={v['option']}: the layers' work x"
+                                                        f"{1 + v['layers_factor']:.2f}, "
+                                                        f"{v['extra_per_layer_token_seq']:+.3g} s per token and key "
+                                                        f"(worst {v['held_out']['worst']:.3f})"
+                                                        for v in lay["variants"]))
     announce(f"{len(rows)} measurements in {seconds:.1f} s -> {out_dir / CALIBRATION_FILE}")
     return record
 

@@ -518,12 +518,16 @@ def release_model_parallel() -> None:
 class Built:
     """A shrunken model of one depth (and settings), built, wrapped in Megatron-Core's DDP and given its optimizer
     on this rank, to be stepped at several shapes (:meth:`timer`): its micro-batch, sequence (up to the one it was
-    built for) and micro-batches a step change, the model does not."""
+    built for) and micro-batches a step change, the model does not. Its optimizer steps at a learning rate of 0:
+    every step does the optimizer's work and leaves the weights, so that the router sends a batch's tokens to the
+    same experts every time it is stepped (:class:`StepTimer`)."""
 
     def __init__(self, job: Any, r: Any):
         self.job = job.for_plan(r)
         self.tcfg = self.job.transformer_config()
         self.model, self.optimizer = self.job.wrap_and_optimizer(self.tcfg, self.job.build_model(self.tcfg))
+        for group in self.optimizer.param_groups:
+            group["lr"] = 0.0
 
     def timer(self, r: Any, **extra: Any) -> StepTimer:
         """Steps of shrunken plan ``r`` (this model's depth and settings); ``extra`` goes into its row."""
@@ -562,7 +566,11 @@ def _trim_heap() -> None:
 class StepTimer:
     """One shape's steps on one of a layout's models (``model``: its key in :attr:`LayoutSteps.models`), over every
     round: each on mock tokens, timed as the job times a step (``Job._timed``), after a barrier; :meth:`on` binds it
-    to the round's build of its model; :meth:`row` reduces its steps to the slowest rank's."""
+    to the round's build of its model; :meth:`row` reduces its steps to the slowest rank's. Every step is on one
+    batch (the first micro-batches) on weights held (:class:`Built`), so each expert gets the same rows every step:
+    on a CPU a bf16 GEMM is oneDNN's, its kernel made (JIT) for each new shape, and a run's steady steps find most
+    of theirs made, where a new batch a step measured every shape as a run's first steps, 0.2 (ln) slower than its
+    steady ones (docs/calibrate.md, What it measures)."""
 
     def __init__(self, model: Any, r: Any, extra: dict[str, Any]):
         from moe_hydra.job.data import MockData
@@ -597,7 +605,7 @@ class StepTimer:
         # Megatron-Core's per-layer MoE loss tracker is global, sized by the layers of the model that first saves
         # into it: the next step may be another depth's model
         get_moe_layer_wise_logging_tracker().clear()
-        batches = [self.data.batch(self.calls, self.dp_rank, mb) for mb in range(self.r.batch.micro_batches_per_step)]
+        batches = [self.data.batch(0, self.dp_rank, mb) for mb in range(self.r.batch.micro_batches_per_step)]
         self.calls += 1
         dist.barrier()
         wall_ms, host_ms, device_ms = self.job._timed(self.built.model, self.built.optimizer, self.forward_step,
@@ -787,6 +795,8 @@ def write(r: Any, implementation: Any, found: list[dict[str, Any]], out_dir: Pat
                                        f"each of its shapes), then a block per shape: a step untimed, then "
                                        f"ceil(step_repeats / {ROUNDS}) timed; before the first round, a step at "
                                        f"each shape of the process's first layout, untimed",
+                         "step_data": "a shape's every step on one batch (its first micro-batches), the optimizer "
+                                      "at a learning rate of 0: each expert gets the same rows every step",
                          "step_fitted": "a row's steady_s: the lower of its rounds' medians",
                          "step_host_device": "on a GPU, rank 0's host_median_s (the host enqueueing the step) and "
                                              "device_median_s (CUDA events around it)"}}

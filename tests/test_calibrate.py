@@ -127,7 +127,8 @@ def _one_layout_after_another(rank: int, port: int, out: str) -> None:
             before = [p.detach().clone() for p in built.model[0].parameters()]
             with mock.patch.object(MockData, "batch", autospec=True, side_effect=MockData.batch) as batch:
                 timer = built.timer(shape)
-                timer.step(), timer.step()
+                for _ in range(2):
+                    timer.step()
             found["batches"].append([c.args[1:] for c in batch.call_args_list])
             found["held"].append(all(torch.equal(a, b) for a, b in zip(before, built.model[0].parameters())))
             param = weakref.ref(next(built.model[0].parameters()))

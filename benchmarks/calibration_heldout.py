@@ -97,9 +97,16 @@ def configs(quick: bool, models: list[str]) -> list[tuple[str, str, str, list[st
     return out[::3] if quick else out
 
 
-def predict(root: Path, name: str, overrides: list[str], cal: Path) -> dict:
+def window_of(window: int) -> list[str]:
+    """A run's steps and window: :data:`WARMUP` steps, then ``window`` judged (a plan predicts that window)."""
+    return [f"contract.warmup_steps={WARMUP}", f"contract.window=[{WARMUP + 1},{WARMUP + window}]",
+            f"train.train_iters={WARMUP + window}"]
+
+
+def predict(root: Path, name: str, overrides: list[str], cal: Path, window: int) -> dict:
     d = root / "plans" / name
-    r = _cli(["stage=plan", *BASE, *overrides, f"hardware.calibration={cal}", f"hydra.run.dir={d}"])
+    r = _cli(["stage=plan", *BASE, *overrides, *window_of(window), f"hardware.calibration={cal}",
+              f"hydra.run.dir={d}"])
     if r.returncode != 0:
         return {"error": (r.stdout + r.stderr).strip().splitlines()[-1]}
     return json.loads((d / "plan.json").read_text())["step_time"]
@@ -111,9 +118,8 @@ def measure(root: Path, name: str, overrides: list[str], runs: int, window: int,
     for i in range(runs):
         d = root / "runs" / f"{name}-{i}"
         if finished(d / "results.json") is None:
-            r = _cli([*BASE, *overrides, f"contract.warmup_steps={WARMUP}",
-                      f"contract.window=[{WARMUP + 1},{WARMUP + window}]", f"train.train_iters={WARMUP + window}",
-                      f"contract.reference_every={every}", f"hydra.run.dir={d}"])
+            r = _cli([*BASE, *overrides, *window_of(window), f"contract.reference_every={every}",
+                      f"hydra.run.dir={d}"])
             if r.returncode != 0:
                 print(f"  {name}: run {i} failed: {(r.stdout + r.stderr).strip().splitlines()[-1]}", flush=True)
                 continue
@@ -191,10 +197,10 @@ def main() -> None:
     cals = {model: calibrate(root, model) for model in a.models}
     rows = []
     print(f"{'model':9} {'config':18} {'layout':6} {'predicted':>10} {'measured':>9} {'|ln|':>6} {'noise':>6} "
-          f"{'carried':>9} {'|ln|':>6}")
+          f"{'new rows':>8} {'carried':>9} {'|ln|':>6}")
     for model, group, layout, overrides in configs(a.quick, a.models):
         name = f"{model}-{group}-{layout}"
-        st = predict(root, name, overrides, cals[model])
+        st = predict(root, name, overrides, cals[model], a.window)
         seconds = st.get("seconds") if isinstance(st, dict) else None
         found = measure(root, name, overrides, a.runs, a.window, a.reference_every)
         measured = [x["step_time_ms"] / 1e3 for x in found]
@@ -215,8 +221,9 @@ def main() -> None:
                      "err": err, "noise": noise, "name": name, "overrides": overrides, "earlier": earlier,
                      "carried": here, "carried_err": abs(math.log(here / mean)) if here else None,
                      "steady": steady})
+        rows_ms = (st.get("terms") or {}).get("new_rows", 0.0) * 1e3  # expert row counts met the first time
         print(f"{model:9} {group:18} {layout:6} {seconds * 1e3:8.1f}ms {mean * 1e3:7.1f}ms {err:6.3f} {noise:6.3f}"
-              + (f" {here * 1e3:7.1f}ms {rows[-1]['carried_err']:6.3f}" if here else "")
+              f" {rows_ms:6.1f}ms" + (f" {here * 1e3:7.1f}ms {rows[-1]['carried_err']:6.3f}" if here else "")
               + (f"   earlier {earlier * 1e3:7.1f}ms ({len(before)} runs) {abs(math.log(seconds / earlier)):6.3f}"
                  if earlier else ""), flush=True)
     errs = [r["err"] for r in rows]

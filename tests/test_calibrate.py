@@ -117,7 +117,7 @@ def _one_layout_after_another(rank: int, port: int, out: str) -> None:
     job.init_distributed()
     calibrate.release_model_parallel()
     found = {"threads_before": _gloo_threads(), "threads": [], "groups": [], "model_alive": [], "batches": [],
-             "held": []}
+             "held": [], "routed": []}
     try:
         for _ in range(3):  # a layout: its groups, a model built and stepped (the step leaves its autograd graph in
             job.init_model_parallel()  # the model: the dispatcher's probabilities), freed, its groups released
@@ -129,7 +129,9 @@ def _one_layout_after_another(rank: int, port: int, out: str) -> None:
                 timer = built.timer(shape)
                 for _ in range(2):
                     timer.step()
+                series = timer.routed(2)  # a model's warm-up: new batches, each expert's rows counted
             found["batches"].append([c.args[1:] for c in batch.call_args_list])
+            found["routed"].append([series["tokens"], [sum(c) for c in series["counts"]], len(series["counts"][0])])
             found["held"].append(all(torch.equal(a, b) for a, b in zip(before, built.model[0].parameters())))
             param = weakref.ref(next(built.model[0].parameters()))
             built.free()
@@ -151,7 +153,7 @@ def test_a_layout_leaves_nothing_behind_for_the_next(tmp_path):
     (Megatron-Core's destroy_model_parallel only forgets them, and its rotary embedding's cache kept a group of every
     model stepped: each layout added its groups' threads, and the layouts measured later ran slower). A shape's steps
     repeat one batch on weights held, so that each routes the same tokens to each expert (a new row count costs a
-    CPU's bf16 GEMMs a kernel made afresh)."""
+    CPU's bf16 GEMMs a kernel made afresh); the warm-up's steps are on new batches, every expert's rows counted."""
     import torch.multiprocessing as mp
 
     out = str(tmp_path / "found.json")
@@ -162,7 +164,10 @@ def test_a_layout_leaves_nothing_behind_for_the_next(tmp_path):
     # (the rotary cache left three a layout, destroy_model_parallel alone three a group)
     assert min(found["groups"]) > 0 and found["threads"] == [found["threads_before"]] * 3, found
     # a shape's steps repeat one batch on weights held: the same tokens to each expert every step
-    assert found["batches"] == [[[0, 0, 0], [0, 0, 0]]] * 3 and found["held"] == [True] * 3, found
+    assert found["batches"] == [[[0, 0, 0], [0, 0, 0], [1, 0, 0], [2, 0, 0]]] * 3, found
+    assert found["held"] == [True] * 3, found
+    # the warm-up's two steps: 64 tokens routed to 2 of 8 experts each, on the shrunken model's one MoE layer
+    assert found["routed"] == [[64, [128, 128], 8]] * 3, found
 
 
 def _resident_mib() -> float:
@@ -260,6 +265,17 @@ def test_stage_calibrate_measures_this_machine_on_the_jobs_processes(cli, tmp_pa
     gemms = {(g["gemm"], g["m"], g["n"], g["k"]) for g in by_kind["gemm"]}
     assert gemms == set(calibrate.gemm_shapes(a, seq)) and {m for _, m, _, _ in gemms} >= {seq, 2 * seq, 4 * seq}
     assert ("logits", seq, a.padded_vocab(), a.h) in gemms and all(g["tflops"] > 0 for g in by_kind["gemm"])
+    # an expert's row count met the first time (the layout's ETP 1), beyond every count the steps routed; and how
+    # the router spreads the rows, from the warm-up steps of each model built (both depths and allgather's, a round)
+    (new,) = by_kind["new_rows"]
+    assert new["etp"] == 1 and new["ffn"] == a.moe_ffn and new["hidden"] == a.h and new["glu"] == a.glu
+    assert new["samples"] == calibrate.NEW_ROW_COUNTS and new["rows"][0] > 2 * 4 * seq
+    if new["dtype"] == "bfloat16":  # oneDNN makes a kernel for each shape; in fp32 (MKL) nothing is made
+        assert new["median_s"] > 0
+    rows = rec["step"]["expert_rows"]
+    capacity = rec["machine"]["onednn_primitive_cache_capacity"]  # 1024 unless ONEDNN_PRIMITIVE_CACHE_CAPACITY
+    assert rows["cost_s"] == {"1": new["median_s"]} and rows["cache_row_counts"] == capacity // 6 and capacity > 0
+    assert rows["routing"]["series"] == 3 * calibrate.ROUNDS and rows["routing"]["overdispersion"] > 0
     assert by_kind["memory_bandwidth"] and all(m["gb_per_s"] > 0 for m in by_kind["memory_bandwidth"])
     ops = {(c["op"], c["bytes"]) for c in by_kind["collective"]}
     assert {op for op, _ in ops} == set(calibrate.COLLECTIVES)
@@ -314,15 +330,16 @@ def test_a_round_builds_and_steps_one_model_at_a_time(monkeypatch):
             self.key = next(k for k, p in lay.models.items() if p is plan)
             alive.add(self.key)
             events.append(("build", self.key))
+            self.model = None
 
         def free(self):
             alive.discard(self.key)
 
     def on(t, built):
-        t.built = built
+        t.built, t.job = built, SimpleNamespace(_router_stats=lambda model: None)  # no router counted
         return t
 
-    def step(t):
+    def step(t, batch=0):
         assert alive == {t.model} and t.built.key == t.model  # the one model alive is the timer's own
         events.append(("step", t.model))
         return 0.01, None, None

@@ -104,6 +104,55 @@ def test_a_plan_with_a_calibration_predicts_from_it(tmp_path):
     assert plan["contract"] == make_plan(r)["contract"]  # the planner's input, not what the arms run
 
 
+def test_a_routers_spread_is_read_back_from_its_counts():
+    """routing_spread: each expert's rows drawn about its own centre (10 % about their mean) with twice a binomial's
+    deviation, three steps a series, come back as an overdispersion of 2 and centres spread 0.1; one step says
+    nothing."""
+    rng, tokens, q = random.Random(3), 512, 0.25
+    series = []
+    for _ in range(40):
+        centres = [tokens * q * (1 + 0.1 * rng.gauss(0, 1)) for _ in range(16)]
+        sd = 2 * math.sqrt(tokens * q * (1 - q))
+        series.append({"tokens": tokens, "counts": [[c + sd * rng.gauss(0, 1) for c in centres] for _ in range(3)]})
+    got = cs.routing_spread(series)
+    assert got["overdispersion"] == pytest.approx(2.0, rel=0.1) and got["centers_cv"] == pytest.approx(0.1, rel=0.3)
+    assert got["series"] == 40 and cs.routing_spread([{"tokens": tokens, "counts": [[128.0] * 16]}]) is None
+
+
+def test_new_row_counts_grow_with_the_rows_and_fall_as_the_run_goes_on():
+    """new_row_counts: an expert of 512 rows meets more counts for the first time than one of 64, in the same
+    window; later in the run fewer (it has met them); through a cache of 170 row counts more than through one that
+    keeps every count; the slowest of two ranks more than one; the same call, the same answer."""
+    def new(rows=512.0, window=(16, 55), capacity=None, ranks=2):
+        return cs.new_row_counts(16, rows, 0.25, 1, window, ranks, 2.0, 0.1, capacity)
+
+    assert new(rows=64.0) < new() and new(window=(300, 339)) < new() < new(capacity=170)
+    assert new(ranks=1) < new() == new() and 0 < new() < 16
+
+
+def test_expert_row_counts_met_the_first_time_add_their_cost(tmp_path):
+    """With a calibration's expert_rows, a MoE plan's step adds the cost of a row count times the row counts a step
+    of its window meets the first time (terms.new_rows, calibration.new_rows): less in a later window; nothing
+    where even every row count new every step is under 0.5 % of the step (a GPU's GEMMs make nothing per shape)."""
+    r = resolve(compose_config())
+    rows = {"cost_s": {"1": 0.004}, "routing": {"overdispersion": 2.0, "centers_cv": 0.1, "series": 6},
+            "cache_row_counts": 170}
+    path = write_calibration(tmp_path / "cal.json", r, expert_rows=rows)
+    bare = make_plan(resolve(compose_config(f"hardware.calibration={write_calibration(tmp_path / 'b.json', r)}")))
+    st = make_plan(resolve(compose_config(f"hardware.calibration={path}")))["step_time"]
+    new = st["calibration"]["new_rows"]
+    assert 0 < new["new_per_step"] < new["experts_per_rank"] == r.arch.num_layers * r.arch.experts
+    assert st["terms"]["new_rows"] == pytest.approx(0.004 * new["new_per_step"]) and new["window"] == [4, 10]
+    assert st["seconds"] == pytest.approx(bare["step_time"]["seconds"] + st["terms"]["new_rows"])
+    later = make_plan(resolve(compose_config(f"hardware.calibration={path}", "train.train_iters=300",
+                                             "contract.window=[261,300]")))["step_time"]
+    assert 0 < later["terms"]["new_rows"] < st["terms"]["new_rows"]
+    gpu = write_calibration(tmp_path / "gpu.json", r, expert_rows={**rows, "cost_s": {"1": 1e-7}})
+    none = make_plan(resolve(compose_config(f"hardware.calibration={gpu}")))["step_time"]
+    assert none["terms"]["new_rows"] == 0 and none["calibration"]["new_rows"]["new_per_step"] is None
+    assert none["seconds"] == pytest.approx(bare["step_time"]["seconds"])
+
+
 def test_a_calibration_that_does_not_hold_for_the_plan_says_where(tmp_path):
     """Calibrated on one process, planned on two with EP 2: no prediction from it, and the plan names the layout
     and the processes that differ; the priors' prediction stays where there is one (a GPU preset)."""

@@ -18,6 +18,10 @@ micro-batch holding t tokens of sequences s long, takes
   (module calls, kernel launches, the router's syncs), its GEMMs, element-wise kernels and communication (per
   token), its core attention (per token and key).
 
+A MoE model's step adds what the expert row counts it meets for the first time cost (:func:`new_rows_term`: on a
+CPU a bf16 GEMM's kernel is made for each new shape), measured apart from the form, which the calibration's steps
+on one batch each do not see.
+
 The coefficients are fitted by non-negative least squares on the relative error (each measured point weighs the
 same, whatever its time: ``scipy.optimize.nnls``), and judged on points the fit did not see: each point predicted
 by the fit of all the others (leave one out). That held-out error, not the fit's, is the interval a plan states.
@@ -38,7 +42,9 @@ import functools
 import hashlib
 import json
 import math
+import random
 import statistics
+from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -281,11 +287,115 @@ def estimate(step: dict[str, Any], r: Any) -> tuple[float, dict[str, float], dic
         used[group] = {"option": variant["option"], "deltas": variant["deltas"], "held_out": variant["held_out"]}
         worst_p90 = max(worst_p90, variant["held_out"]["p90"])
     seconds, terms = predict(with_variants(fitted["coefficients"], variants), shape)
+    rows = new_rows_term(step.get("expert_rows"), r, seconds)
+    if rows is not None:
+        seconds, terms["new_rows"], used["new_rows"] = seconds + rows["seconds"], rows["seconds"], rows
     if scaled is not None:
         used["scaled_out"] = {"from": describe_layout(scaled["layout"]), "dp": [scaled["layout"]["dp"], layout["dp"]],
                               "processes": [_world(calibrated["processes"]), _world(here["processes"])],
                               "nodes": [calibrated["processes"]["nodes"], here["processes"]["nodes"]]}
     return seconds, terms, {**used, "p90": worst_p90, "shape": asdict(shape)}
+
+
+# ------------------------------------------------------------------ expert row counts a run meets for the first time
+
+KERNELS_PER_ROW_COUNT = 6  # an expert's GEMMs at one row count: fc1 and fc2 forward, their input and weight gradients
+NEGLIGIBLE = 0.005  # a term bounded below this share of the step (every row count new every step) is left at 0
+SIMULATIONS = 4  # runs of :func:`new_row_counts`' simulation averaged, each with its own experts' centres
+SIMULATED_DRAWS = 200_000  # at most this many rows drawn over the runs (at least one run), so a plan stays quick
+RANKS_SIMULATED = 4  # the slowest of at most this many of a plan's ranks
+
+
+def routing_spread(series: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """How a router's rows per expert spread, from ``series`` of steps on one model on new batches (each
+    ``{"tokens": tokens a step routed, "counts": [[rows of each (layer, expert)] a step, ...]}``): ``overdispersion``,
+    an expert's step-to-step standard deviation over a binomial's (each token choosing it with probability rows /
+    tokens), pooled over every (layer, expert) of every series; ``centers_cv``, how far the experts' own means
+    spread about their mean (relative; what sampling adds to it taken out). None without a series of two steps."""
+    used = [s for s in series if len(s["counts"]) >= 2 and s["tokens"]]
+    excess = binomial = 0.0
+    for s in used:
+        for p in zip(*s["counts"]):
+            q = min(statistics.fmean(p) / s["tokens"], 1.0)
+            excess += statistics.variance(p)
+            binomial += s["tokens"] * q * (1 - q)
+    if not binomial:
+        return None
+    phi2, spread = excess / binomial, []
+    for s in used:
+        means = [statistics.fmean(p) for p in zip(*s["counts"])]
+        grand = statistics.fmean(means)
+        if grand > 0:
+            q = grand / s["tokens"]
+            sampling = phi2 * (1 - q) / (s["tokens"] * q * len(s["counts"]))  # a mean's relative variance
+            spread.append(statistics.fmean((m / grand - 1) ** 2 for m in means) - sampling)
+    return {"overdispersion": math.sqrt(phi2), "centers_cv": math.sqrt(max(statistics.fmean(spread), 0.0)),
+            "series": len(used)}
+
+
+@functools.lru_cache(maxsize=256)
+def new_row_counts(pairs: int, rows: float, share: float, draws: int, window: tuple[int, int], ranks: int,
+                   overdispersion: float, centers_cv: float, capacity: int | None, seed: int = 0) -> float:
+    """Expected row counts a step of the window (``window``: first and last step, from 1) meets on the slowest of
+    ``ranks`` processes that no kernel was made for, by simulation: each process holds ``pairs`` experts (MoE
+    layers x local experts), each with its own centre (``rows`` x (1 + ``centers_cv`` z)), and routes ``draws``
+    micro-batches a step, an expert's rows a normal draw about its centre with ``overdispersion`` x a binomial's
+    standard deviation (``share``: the probability a token chooses it); a row count's kernels are kept in a cache
+    of the ``capacity`` row counts used last (None: every one). Averaged over :data:`SIMULATIONS` runs, fewer
+    where they would draw more than :data:`SIMULATED_DRAWS` rows. Deterministic (``seed``)."""
+    rng, first, last = random.Random(seed), window[0], window[1]
+    found = []
+    for _ in range(max(1, min(SIMULATIONS, SIMULATED_DRAWS // max(last * draws * pairs * ranks, 1)))):
+        slowest = [0] * (last - first + 1)
+        for _rank in range(ranks):
+            centres = [max(rows * (1 + centers_cv * rng.gauss(0.0, 1.0)), 1.0) for _ in range(pairs)]
+            sd = [overdispersion * math.sqrt(c * (1 - share)) for c in centres]
+            cache: OrderedDict[int, None] = OrderedDict()
+            for step in range(1, last + 1):
+                new = 0
+                for _mb in range(draws):
+                    for c, d in zip(centres, sd):
+                        m = max(round(rng.gauss(c, d)), 1)
+                        if m in cache:
+                            cache.move_to_end(m)
+                            continue
+                        new += 1
+                        cache[m] = None
+                        if capacity is not None and len(cache) > capacity:
+                            cache.popitem(last=False)
+                if step >= first:
+                    slowest[step - first] = max(slowest[step - first], new)
+        found.append(statistics.fmean(slowest))
+    return statistics.fmean(found)
+
+
+def new_rows_term(rows: dict[str, Any] | None, r: Any, seconds: float) -> dict[str, Any] | None:
+    """What a step of plan ``r`` spends on expert row counts it meets for the first time (``seconds``: the step
+    without it), from a calibration's ``expert_rows`` (:func:`moe_hydra.job.calibrate.expert_rows`): the cost of one
+    row count's kernels, measured at the plan's expert width, times :func:`new_row_counts` in the run's window
+    (``contract.window``) on the slowest of its ranks (up to :data:`RANKS_SIMULATED`), each holding its most loaded
+    stage's MoE layers x its local experts, each expert's rows a micro-batch its share of the tokens of its EP x ETP
+    group (a rank's: the micro-batch over TP with sequence parallelism, over CP). None for a dense model or a
+    calibration without the measurement; 0 when even every row count new every step would stay under
+    :data:`NEGLIGIBLE` of the step (a GPU's GEMMs: nothing made per shape)."""
+    a, lo, b = r.arch, r.layout, r.batch
+    if not rows or not a.experts or not rows.get("cost_s") or not rows.get("routing") or not r.split:
+        return None
+    costs = rows["cost_s"]
+    cost = max(costs.get(str(lo.etp), statistics.median(costs.values())), 0.0)
+    pairs = max((x.mask & a.moe_mask).bit_count() for x in r.split) * (a.experts // lo.ep)
+    draws = b.micro_batches_per_step
+    out = {"cost_per_row_count_s": cost, "seconds": 0.0}
+    if cost * pairs * draws < NEGLIGIBLE * seconds:
+        return {**out, "new_per_step": None, "why_zero": f"under {NEGLIGIBLE:.1%} of the step with every row count new"}
+    tokens = b.micro_batch_size * b.seq_length / ((lo.tp if lo.sp else 1) * lo.cp)  # a rank's, a micro-batch
+    share = a.topk / a.experts
+    routing, capacity = rows["routing"], rows.get("cache_row_counts")
+    new = new_row_counts(pairs, tokens * lo.ep * lo.etp * share, share, draws, tuple(r.cfg.contract.window),
+                         min(lo.world_size, RANKS_SIMULATED), round(routing["overdispersion"], 3),
+                         round(routing["centers_cv"], 3), capacity)
+    return {**out, "seconds": cost * new, "new_per_step": new, "experts_per_rank": pairs,
+            "window": list(r.cfg.contract.window)}
 
 
 def scaled_from(fitted: list[dict[str, Any]], layout: dict[str, Any]) -> dict[str, Any] | None:

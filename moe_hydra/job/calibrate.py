@@ -37,6 +37,8 @@ from moe_hydra.core import calibrated_step as cs
 
 WARMUP = 2  # calls discarded before timing: allocator, kernel selection, first-touch pages
 REPEATS = 7  # timed calls
+NEW_ROW_COUNTS = 24  # expert row counts :func:`new_row_cost` times, each new and then again
+ONEDNN_CACHE = 1024  # oneDNN's primitive cache, kernels, when ONEDNN_PRIMITIVE_CACHE_CAPACITY is not set
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 
@@ -68,6 +70,8 @@ class Measurement:
             return {"tflops": self.rate(1e12)}
         if self.kind == "step":
             return {"tokens_per_s": self.rate()}
+        if self.kind == "new_rows":
+            return {}
         if self.kind == "collective":
             algbw = self.rate(1e9)
             return {"algbw_gb_per_s": algbw,
@@ -113,6 +117,49 @@ def gemm(m: int, n: int, k: int, dtype: Any, device: Any, repeats: int = REPEATS
     seconds = timed(lambda: torch.matmul(a, b), _sync(device), repeats=repeats)
     return Measurement("gemm", {"m": m, "n": n, "k": k, "dtype": str(dtype).replace("torch.", "")}, seconds,
                        2.0 * m * n * k, "FLOP")
+
+
+def new_row_cost(h: int, ffn: int, glu: bool, dtype: Any, device: Any, first_rows: int,
+                 count: int = NEW_ROW_COUNTS) -> Measurement:
+    """An expert's GEMMs (``h`` -> ``ffn`` -> ``h``; with ``glu`` fc1 twice as wide and SwiGLU between, else GeLU)
+    forward and backward at a row count the process
+    has not run, ``count`` of them from ``first_rows`` up (beyond every count its steps routed; after two calls
+    at one count below them), each less the same call again (the median of two): what a step pays for each expert
+    row count it meets for the first time. On a CPU a bf16 GEMM is oneDNN's, its kernel made for each shape and
+    kept in a cache of recent ones; on a GPU, or in fp32 on a CPU (MKL), nothing is made per shape and this comes
+    out near 0. ``seconds``: each row count's extra."""
+    import torch
+    import torch.nn.functional as F
+
+    sync = _sync(device)
+    w1 = torch.randn(ffn * (2 if glu else 1), h, dtype=dtype, device=device).mul_(0.02).requires_grad_()
+    w2 = torch.randn(h, ffn, dtype=dtype, device=device).mul_(0.02).requires_grad_()
+
+    def act(y: Any) -> Any:
+        if glu:
+            gate, up = y.chunk(2, dim=-1)
+            return F.silu(gate) * up
+        return F.gelu(y)
+
+    def call(m: int) -> float:
+        x = torch.randn(m, h, dtype=dtype, device=device, requires_grad=True)
+        g = torch.ones(m, h, dtype=dtype, device=device)
+        sync()
+        t0 = time.perf_counter()
+        F.linear(act(F.linear(x, w1)), w2).backward(g)
+        sync()
+        return time.perf_counter() - t0
+
+    for _ in range(2):  # the process's first such call pays for more than its shape (up to 0.3 s here)
+        call(first_rows - 1)
+    extra = []
+    for i in range(count):
+        m = first_rows + 13 * i
+        new = call(m)
+        extra.append(new - statistics.median(call(m) for _ in range(2)))
+    return Measurement("new_rows", {"hidden": h, "ffn": ffn, "glu": glu, "dtype": str(dtype).replace("torch.", ""),
+                                    "rows": [first_rows, first_rows + 13 * (count - 1)]}, extra, 1.0,
+                       "row count", warmup=0)
 
 
 def memory_bandwidth(numel: int, dtype: Any, device: Any, repeats: int = REPEATS) -> Measurement:
@@ -240,7 +287,11 @@ def machine(device: Any, world: int) -> dict[str, Any]:
             "device_type": "cuda" if gpu else "cpu", "processes": world, "host": platform.node(),
             "cpus": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "megatron_core": versions.installed_mcore_version(),
-            "cuda": torch.version.cuda if gpu else None}
+            "cuda": torch.version.cuda if gpu else None,
+            # the kernels oneDNN keeps made (a CPU's bf16 GEMMs: one a shape), its default unless set
+            "onednn_primitive_cache_capacity": None if gpu else int(
+                os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY") or os.environ.get("DNNL_PRIMITIVE_CACHE_CAPACITY")
+                or ONEDNN_CACHE)}
 
 
 def shrunk(r: Any, layers: int, micro_batch_size: int, seq_length: int, microbatches: int,
@@ -401,6 +452,7 @@ class LayoutSteps:
         seq = r.batch.seq_length
         longest = max(s for _, _, s, _ in step_shapes(seq))
         self.job, self.fields, self.say, self.reference = job, fields, say, reference
+        self.routing: list[dict[str, Any]] = []  # the warm-up steps' rows per expert (:meth:`StepTimer.routed`)
         self.first = shrunk(r, DEPTHS[0], 1, seq, 1, fields)
         self.models = {("", "", d): shrunk(r, d, 1, longest, 1, fields) for d in DEPTHS}  # built from these plans
         at_variants, others = variant_shapes(seq), []
@@ -423,17 +475,17 @@ class LayoutSteps:
     def round(self, timed: int, warm: bool = False) -> None:
         """The layout's process groups made; then one model at a time (its depth's, or a variant's), built, first
         stepped :data:`STEP_WARMUP` times at its largest shape (its buffers and the optimizer's states allocated:
-        :func:`warmup_timers`), discarded, then a block per timer of it in their order: one untimed step at its
-        shape, then ``timed`` timed ones; the model let go before the next is built. Blocks, because a step right
-        after another shape's (other activation sizes) runs slower than the same step repeated, as a run repeats
-        it: measured one step a round, every shape came out 10-35 % slower than the real runs it predicts
-        (tiny_moe, 2 processes). One model at a time, because with a layout's five built at once (two depths,
-        three variants) its steps came out 1.16-1.52x slower than fresh runs of the same shapes, its first round
-        too, while a calibration of two models stepped them within 0.94-1.10x. After the first model's warm-up, one
-        untimed step at each of its shapes: the first blocks after a layout's groups were made came out slow where
-        the layout was measured among others (PP2 in the middle of four calibrations of every layout, its first
-        block 0.44-0.69 (ln, each block over the machine's reference) above calibrations of PP2 alone, its later ones
-        nearer; measured first, 0.07; with the step, in the middle, 0.29). The groups let go after. ``warm``: one
+        :func:`warmup_timers`) on new batches, discarded but for their rows per expert (:meth:`StepTimer.routed`), then
+        a block per timer of it in their order: one untimed step at its shape, then ``timed`` timed ones; the model let
+        go before the next is built. Blocks, because a step right after another shape's (other activation sizes) runs
+        slower than the same step repeated, as a run repeats it: measured one step a round, every shape came out 10-35 %
+        slower than the real runs it predicts (tiny_moe, 2 processes). One model at a time, because with a layout's five
+        built at once (two depths, three variants) its steps came out 1.16-1.52x slower than fresh runs of the same
+        shapes, its first round too, while a calibration of two models stepped them within 0.94-1.10x. After the first
+        model's warm-up, one untimed step at each of its shapes: the first blocks after a layout's groups were made came
+        out slow where the layout was measured among others (PP2 in the middle of four calibrations of every layout, its
+        first block 0.44-0.69 (ln, each block over the machine's reference) above calibrations of PP2 alone, its later
+        ones nearer; measured first, 0.07; with the step, in the middle, 0.29). The groups let go after. ``warm``: one
         untimed step a timer and nothing recorded (:func:`steps`' pass before its rounds)."""
         t0 = time.perf_counter()
         release_model_parallel()
@@ -444,8 +496,9 @@ class LayoutSteps:
             for t in timers:
                 t.on(built)
             for t in warmup_timers(timers):
-                for _ in range(STEP_WARMUP):
-                    t.step()
+                series = t.routed(STEP_WARMUP)
+                if series and series["counts"] and not warm:
+                    self.routing.append(series)
             if i == 0 and not warm:  # the layout's process groups just made: a pass over its first model's shapes
                 for t in timers:
                     t.step()
@@ -471,7 +524,7 @@ class LayoutSteps:
         apart = [x["between_rounds"] for x in rows]
         say(f"{self.first.layout.describe()}: its rounds' medians differ by a median |ln| of "
             f"{statistics.median(apart):.3f} (worst {max(apart):.3f}) over {len(rows)} steps")
-        return {"parallel": self.fields, "resolved": self.first, "measurements": rows}
+        return {"parallel": self.fields, "resolved": self.first, "measurements": rows, "routing": self.routing}
 
 
 def warmup_timers(timers: list[StepTimer]) -> list[StepTimer]:
@@ -597,15 +650,16 @@ class StepTimer:
         """Bound to no model (its round's build let go)."""
         self.built = self.forward_step = None
 
-    def step(self) -> tuple[float, float | None, float | None]:
-        """One step's seconds on this rank: wall, and on a GPU the host's and the device's (CUDA events)."""
+    def step(self, batch: int = 0) -> tuple[float, float | None, float | None]:
+        """One step's seconds on this rank: wall, and on a GPU the host's and the device's (CUDA events); on the
+        shape's one batch (``batch`` another: the warm-up's, :meth:`routed`)."""
         import torch.distributed as dist
         from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
 
         # Megatron-Core's per-layer MoE loss tracker is global, sized by the layers of the model that first saves
         # into it: the next step may be another depth's model
         get_moe_layer_wise_logging_tracker().clear()
-        batches = [self.data.batch(0, self.dp_rank, mb) for mb in range(self.r.batch.micro_batches_per_step)]
+        batches = [self.data.batch(batch, self.dp_rank, mb) for mb in range(self.r.batch.micro_batches_per_step)]
         self.calls += 1
         dist.barrier()
         wall_ms, host_ms, device_ms = self.job._timed(self.built.model, self.built.optimizer, self.forward_step,
@@ -613,6 +667,25 @@ class StepTimer:
         if device_ms is None:
             return wall_ms / 1e3, None, None
         return wall_ms / 1e3, host_ms / 1e3, device_ms / 1e3
+
+    def routed(self, steps: int) -> dict[str, Any] | None:
+        """``steps`` untimed steps on new batches (the ones after the shape's own), each MoE layer's rows per expert
+        counted on this rank (its tokens): a series :func:`moe_hydra.core.calibrated_step.routing_spread` reads.
+        None for a dense model (the steps still made)."""
+        stats = self.job._router_stats(self.built.model)
+        counts, tokens = [], 0
+        for i in range(steps):
+            if stats is not None:
+                stats.reset()
+            self.step(batch=1 + i)
+            moe = [j for j, n in enumerate(stats.slots.tolist()) if n] if stats is not None else []
+            if moe:  # this rank's stage has MoE layers
+                tokens = int(stats.slots[moe[0]].item()) // self.r.arch.topk
+                counts.append([x for j in moe for x in stats.counts[j].tolist()])
+        if stats is None:
+            return None
+        stats.close()
+        return {"tokens": tokens, "counts": counts}
 
     def record(self) -> None:
         """One timed step."""
@@ -694,6 +767,28 @@ def fit_steps(measured: list[dict[str, Any]], r: Any) -> dict[str, Any]:
             "holds": cs.holds(r), "layouts": fitted}
 
 
+def expert_rows(rows: list[dict[str, Any]], series: list[dict[str, Any]], machine: dict[str, Any]
+                ) -> dict[str, Any] | None:
+    """calibration.json's ``step.expert_rows``: what a run's step pays for the expert row counts it meets for the
+    first time (:func:`moe_hydra.core.calibrated_step.new_rows_term`). A run's router sends each expert a different
+    number of rows every step, and on a CPU a bf16 GEMM's kernel is made for each new one (oneDNN) and kept among
+    the :data:`ONEDNN_CACHE` made last; at 1024 tokens a micro-batch tiny_moe's EP 2 meets some 5 row counts a step
+    it has no kernels for, at some 4 ms each, where the calibration's steps, on one batch each, meet none. From the
+    calibration: ``cost_s``, one row count's cost at each ETP's expert width (:func:`new_row_cost`); ``routing``,
+    how the rows spread (:func:`moe_hydra.core.calibrated_step.routing_spread` of the warm-up steps' counts);
+    ``cache_row_counts``, the row counts the cache holds (its kernels over
+    :data:`~moe_hydra.core.calibrated_step.KERNELS_PER_ROW_COUNT`; None on a GPU). None for a dense model."""
+    costs = {str(x["etp"]): x["median_s"] for x in rows if x.get("kind") == "new_rows"}
+    routing = cs.routing_spread(series)
+    if not costs or routing is None:
+        return None
+    capacity = machine.get("onednn_primitive_cache_capacity")
+    return {"cost_s": costs, "routing": routing,
+            "cache_row_counts": capacity // cs.KERNELS_PER_ROW_COUNT if capacity else None,
+            "of": "cost_s: new_rows measurements' median (s a row count); routing: the warm-up steps' rows per "
+                  "expert on new batches, rank 0's tokens"}
+
+
 PART = "calibrate_part"  # a job spec's key: what this launch of the job's processes measures (:func:`parts`)
 
 
@@ -747,6 +842,14 @@ def measure(spec: dict[str, Any], job: Any, which: list[int] | None = None, rate
                 rows.append({**gemm(m, n, k, dtype, device).as_dict(), "gemm": name})
             say(f"{len(rows)} GEMMs at the model's shapes ({str(dtype).replace('torch.', '')}): "
                 f"{min(x['tflops'] for x in rows):.3g}..{max(x['tflops'] for x in rows):.3g} TFLOP/s")
+            if r.arch.experts:
+                a = r.arch
+                beyond = max(b * s for _, b, s, _ in step_shapes(r.batch.seq_length)) * world + 1
+                for etp in sorted({x["expert_tensor_parallel_size"] for x in layouts(r)}):
+                    cost = new_row_cost(a.h, a.moe_ffn // etp, a.glu, dtype, device, beyond)
+                    rows.append({**cost.as_dict(), "etp": etp})
+                    say(f"an expert's GEMMs at a row count not run before (ETP {etp}): "
+                        f"{cost.median_s * 1e3:+.2f} ms over the same again")
             for numel in ((1 << 22, 1 << 26) if gpu else (1 << 20, 1 << 23)):
                 rows.append(memory_bandwidth(numel, dtype, device).as_dict())
             say(f"memory bandwidth: {rows[-1]['gb_per_s']:.3g} GB/s")
@@ -781,6 +884,7 @@ def write(r: Any, implementation: Any, found: list[dict[str, Any]], out_dir: Pat
     measured = [lay for part in found for lay in part["layouts"]]
     rows = [x for lay in measured for x in lay["measurements"]] + [x for part in found for x in part["rates"]]
     step = fit_steps(measured, r)
+    step["expert_rows"] = expert_rows(rows, [s for lay in measured for s in lay["routing"]], found[0]["machine"])
     record = {"calibration_version": CALIBRATION_VERSION, "machine": found[0]["machine"],
               "implementation": implementation, "model": r.cfg.model.name, "step": step, "measurements": rows,
               "reference": reference_summary([x for part in found for x in part["reference"]]), "seconds": seconds,
@@ -791,7 +895,8 @@ def write(r: Any, implementation: Any, found: list[dict[str, Any]], out_dir: Pat
                          "step_time": "the slowest rank's, as the job times a step", "processes": processes,
                          "step_order": f"{ROUNDS} passes over the layouts, every other one in the opposite order, "
                                        f"each a round of a layout's steps: its models one at a time, each built, "
-                                       f"{STEP_WARMUP} steps discarded (the layout's first model: then a step at "
+                                       f"{STEP_WARMUP} steps on new batches discarded (their rows per expert "
+                                       f"kept: expert_rows; the layout's first model: then a step at "
                                        f"each of its shapes), then a block per shape: a step untimed, then "
                                        f"ceil(step_repeats / {ROUNDS}) timed; before the first round, a step at "
                                        f"each shape of the process's first layout, untimed",

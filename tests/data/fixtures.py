@@ -65,12 +65,12 @@ def rule_datasets(root: str | Path) -> dict[str, str]:
 
 def write_calibration(path: str | Path, r, machine: dict | None = None, implementation: dict | None = None,
                       coefficients: dict | None = None, variants: list | None = None,
-                      measurements: list | None = None) -> str:
+                      measurements: list | None = None, expert_rows: dict | None = None) -> str:
     """A calibration.json as ``stage=calibrate`` writes it for the resolved plan ``r`` (a CPU, 1 process, its
     implementation, what its step holds for, one fit on ``r``'s layout with ``r``'s recompute and dispatcher),
     without measuring: the rules' and the plan's input. ``coefficients``: the fit's (10 ms a step and 5 ms a layer
     when None); ``variants``: its variants' records (group, option, config, deltas, held_out);
-    ``measurements``: its measurement rows (none when None)."""
+    ``measurements``: its measurement rows (none when None); ``expert_rows``: the step's (none when None)."""
     from dataclasses import asdict
 
     from moe_hydra.core import calibrated_step as cs
@@ -85,7 +85,8 @@ def write_calibration(path: str | Path, r, machine: dict | None = None, implemen
               "machine": machine or {"device": "x86_64", "device_type": "cpu", "processes": 1, "torch": None,
                                      "megatron_core": None},
               "implementation": implementation or impl, "model": r.cfg.model.name,
-              "step": {"form": cs.FORM, "holds": cs.holds(r), "held_out": held, "layouts": [layout]},
+              "step": {"form": cs.FORM, "holds": cs.holds(r), "held_out": held, "layouts": [layout],
+                       "expert_rows": expert_rows},
               "measurements": measurements or []}
     Path(path).write_text(json.dumps(record))
     return str(path)

@@ -38,6 +38,7 @@ from moe_hydra.core import calibrated_step as cs
 WARMUP = 2  # calls discarded before timing: allocator, kernel selection, first-touch pages
 REPEATS = 7  # timed calls
 NEW_ROW_COUNTS = 24  # expert row counts :func:`new_row_cost` times, each new and then again
+NEW_ROW_STRIDE = 13  # rows between two of them
 ONEDNN_CACHE = 1024  # oneDNN's primitive cache, kernels, when ONEDNN_PRIMITIVE_CACHE_CAPACITY is not set
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
@@ -154,11 +155,11 @@ def new_row_cost(h: int, ffn: int, glu: bool, dtype: Any, device: Any, first_row
         call(first_rows - 1)
     extra = []
     for i in range(count):
-        m = first_rows + 13 * i
+        m = first_rows + NEW_ROW_STRIDE * i
         new = call(m)
         extra.append(new - statistics.median(call(m) for _ in range(2)))
     return Measurement("new_rows", {"hidden": h, "ffn": ffn, "glu": glu, "dtype": str(dtype).replace("torch.", ""),
-                                    "rows": [first_rows, first_rows + 13 * (count - 1)]}, extra, 1.0,
+                                    "rows": [first_rows, first_rows + NEW_ROW_STRIDE * (count - 1)]}, extra, 1.0,
                        "row count", warmup=0)
 
 
@@ -845,8 +846,11 @@ def measure(spec: dict[str, Any], job: Any, which: list[int] | None = None, rate
             if r.arch.experts:
                 a = r.arch
                 beyond = max(b * s for _, b, s, _ in step_shapes(r.batch.seq_length)) * world + 1
-                for etp in sorted({x["expert_tensor_parallel_size"] for x in layouts(r)}):
-                    cost = new_row_cost(a.h, a.moe_ffn // etp, a.glu, dtype, device, beyond)
+                for i, etp in enumerate(sorted({x["expert_tensor_parallel_size"] for x in layouts(r)})):
+                    # each width at row counts of its own: a GEMM's kernels for a row count made at one width
+                    # partly serve another (tiny_moe's, after the same counts at twice its width: 1.3 ms, not 3-4)
+                    cost = new_row_cost(a.h, a.moe_ffn // etp, a.glu, dtype, device,
+                                        beyond + i * NEW_ROW_STRIDE * NEW_ROW_COUNTS)
                     rows.append({**cost.as_dict(), "etp": etp})
                     say(f"an expert's GEMMs at a row count not run before (ETP {etp}): "
                         f"{cost.median_s * 1e3:+.2f} ms over the same again")

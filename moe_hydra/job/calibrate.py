@@ -123,12 +123,12 @@ def gemm(m: int, n: int, k: int, dtype: Any, device: Any, repeats: int = REPEATS
 def new_row_cost(h: int, ffn: int, glu: bool, dtype: Any, device: Any, first_rows: int,
                  count: int = NEW_ROW_COUNTS) -> Measurement:
     """An expert's GEMMs (``h`` -> ``ffn`` -> ``h``; with ``glu`` fc1 twice as wide and SwiGLU between, else GeLU)
-    forward and backward at a row count the process
-    has not run, ``count`` of them from ``first_rows`` up (beyond every count its steps routed; after two calls
-    at one count below them), each less the same call again (the median of two): what a step pays for each expert
-    row count it meets for the first time. On a CPU a bf16 GEMM is oneDNN's, its kernel made for each shape and
-    kept in a cache of recent ones; on a GPU, or in fp32 on a CPU (MKL), nothing is made per shape and this comes
-    out near 0. ``seconds``: each row count's extra."""
+    forward and backward at a row count the process has not run, ``count`` of them from ``first_rows`` up (beyond
+    every count its steps routed; after :data:`WARMUP` calls at one count below them, discarded), each less the
+    same call again (the median of two): what a step pays for each expert row count it meets for the first time.
+    On a CPU a bf16 GEMM is oneDNN's, its kernel made for each shape and kept in a cache of recent ones; on a GPU,
+    or in fp32 on a CPU (MKL), nothing is made per shape and this comes out near 0. ``seconds``: each row count's
+    extra."""
     import torch
     import torch.nn.functional as F
 
@@ -151,7 +151,7 @@ def new_row_cost(h: int, ffn: int, glu: bool, dtype: Any, device: Any, first_row
         sync()
         return time.perf_counter() - t0
 
-    for _ in range(2):  # the process's first such call pays for more than its shape (up to 0.3 s here)
+    for _ in range(WARMUP):  # the process's first such call pays for more than its shape (up to 0.3 s here)
         call(first_rows - 1)
     extra = []
     for i in range(count):
@@ -160,7 +160,7 @@ def new_row_cost(h: int, ffn: int, glu: bool, dtype: Any, device: Any, first_row
         extra.append(new - statistics.median(call(m) for _ in range(2)))
     return Measurement("new_rows", {"hidden": h, "ffn": ffn, "glu": glu, "dtype": str(dtype).replace("torch.", ""),
                                     "rows": [first_rows, first_rows + NEW_ROW_STRIDE * (count - 1)]}, extra, 1.0,
-                       "row count", warmup=0)
+                       "row count")
 
 
 def memory_bandwidth(numel: int, dtype: Any, device: Any, repeats: int = REPEATS) -> Measurement:

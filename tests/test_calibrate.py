@@ -252,13 +252,15 @@ def test_stage_calibrate_measures_this_machine_on_the_jobs_processes(cli, tmp_pa
     assert v["extra_per_layer_token_seq"] >= 0 and v["layers_factor"] >= -1  # the layers' work never below 0
     assert v["held_out"]["worst"] >= v["held_out"]["median"]
     assert [p["paired_seconds"] for p in v["points"]] == [steps[steps.index(m) - 1]["steady_s"] for m in rest]
-    # the machine's reference read after every block of steps: one a step row (each row one block a round)
+    # the machine's reference read after each model's blocks, a round: the two depths' and allgather's; each step
+    # row holds its model's reading of each round
     ref = rec["reference"]
-    assert ref["readings"] == calibrate.ROUNDS * len(steps) == len(ref["each"])
+    assert ref["readings"] == calibrate.ROUNDS * 3 == len(ref["each"])
     assert set(ref["probes"]) == set(calibrate.REFERENCE_PROBES)
     assert all(len(m["reference_index_s"]) == calibrate.ROUNDS for m in steps)
-    assert sorted(x for m in steps for x in m["reference_index_s"]) == pytest.approx(
-        sorted(calibrate.index_of(x) for x in ref["each"]))
+    each = sorted(calibrate.index_of(x) for x in ref["each"])
+    assert sorted({x for m in steps for x in m["reference_index_s"]}) == pytest.approx(each)
+    assert len({tuple(m["reference_index_s"]) for m in steps}) == 3  # one pair a model
     assert all(0 < p["min_s"] <= p["median_s"] <= p["max_s"] for p in ref["probes"].values())
     assert min(p["median_s"] for p in ref["probes"].values()) <= ref["index_s"] <= max(
         p["median_s"] for p in ref["probes"].values())
@@ -316,7 +318,8 @@ def test_the_layouts_are_measured_in_passes_there_and_back(monkeypatch):
 def test_a_round_builds_and_steps_one_model_at_a_time(monkeypatch):
     """A round holds one model at a time, as a run does (a layout's five built at once stepped 1.16-1.52x slower than
     fresh runs): each built, warmed up, its timers' blocks stepped on it in their order (a variant's right after
-    the layout's own at the same depth), let go before the next is built; the warm-up pass records nothing."""
+    the layout's own at the same depth), let go before the next is built; the warm-up pass steps the first model
+    alone and records nothing."""
     from types import SimpleNamespace
 
     from moe_hydra.core.resolved import resolve
@@ -350,18 +353,22 @@ def test_a_round_builds_and_steps_one_model_at_a_time(monkeypatch):
     monkeypatch.setattr(calibrate.StepTimer, "on", on)
     monkeypatch.setattr(calibrate.StepTimer, "step", step)
     lay = calibrate.LayoutSteps(job, calibrate.layouts(r)[0], lambda text: None)
-    lay.round(0, warm=True)
+    lay.round(0, warm=True)  # the first model only: the process's first model is what steps slow
     assert not alive and all(t.rounds == 0 and not t.seconds for t in lay.timers)
-    built = [k for e, k in events if e == "build"]
-    assert built == list(lay.models) and len(built) == 5  # two depths, three variants
-    runs = [k for _, k in events]  # each model's steps all together, after its build
-    assert [k for i, k in enumerate(runs) if i == 0 or k != runs[i - 1]] == built
+    first = next(iter(lay.models))
+    assert [k for e, k in events if e == "build"] == [first] and len(lay.models) == 5  # two depths, three variants
+    assert [k for e, k in events if e == "step"] == [first] * (
+        calibrate.STEP_WARMUP + sum(1 for t in lay.timers if t.model == first))
     events.clear()
     lay.round(2)
+    built = [k for e, k in events if e == "build"]
+    assert built == list(lay.models)
+    runs = [k for _, k in events]  # each model's steps all together, after its build
+    assert [k for i, k in enumerate(runs) if i == 0 or k != runs[i - 1]] == built
     assert not alive and all(t.rounds == 1 and len(t.seconds) == 2 for t in lay.timers)
     per_model = {k: sum(1 for t in lay.timers if t.model == k) for k in lay.models}
     steps = [k for e, k in events if e == "step"]
-    first = next(iter(lay.models))  # the layout's groups just made: an untimed pass over its first model's shapes
+    # the layout's groups just made: an untimed pass over its first model's shapes
     assert {k: steps.count(k) for k in lay.models} == {  # warm-up, then 1 untimed + 2 timed each
         k: calibrate.STEP_WARMUP + (4 if k == first else 3) * n for k, n in per_model.items()}
 

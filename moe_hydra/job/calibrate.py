@@ -423,11 +423,13 @@ def steps(job: Any, say: Callable[[str], None], reference: Any = None, which: li
     slower than an hour earlier (tiny_moe: EP 2 and PP 2, measured third and fourth of six; the first 5 % faster), so
     that runs on them were predicted up to 0.30 too slow; in passes there and back every layout's steps straddle the
     calibration, and ``between_rounds`` says how far its rounds differ. ``which``: the indices of the layouts to
-    measure (:func:`parts`), None every one. Before the first round, a pass over the first
-    layout's models and shapes, untimed: the first model a process steps ran its shapes 1.3-4x slower than in the second
-    round, for all of its blocks (tiny_moe, DP2, four calibrations: one 128-token sequence 76 ms then 29, a fresh run
-    34), the models after it as in their second round. ``reference`` (:class:`Reference`) is read after every block of
-    steps: the machine's speed while they were measured, which a run's reading is compared with. Returns, per layout:
+    measure (:func:`parts`), None every one. Before the first round, a pass over the first layout's first model,
+    untimed: the first model a process steps ran its shapes 1.3-4x slower than in the second round, for all of its
+    blocks (tiny_moe, DP2, four calibrations: one 128-token sequence 76 ms then 29, a fresh run 34), the models after
+    it as in their second round (the pass over every model of the layout took 7-10 s a launch, over the first 1.5 s,
+    and the others' first rounds still came out as their second: a mean ln(round 1 / round 2) of -0.002 on tiny_moe's
+    DP2). ``reference`` (:class:`Reference`) is read after each model's blocks in a round: the machine's speed while
+    they were measured, which a run's reading is compared with. Returns, per layout:
     its ``parallel`` fields, the resolved plan of its first step, and its measurements (a variant's with its ``group``,
     ``option`` and ``config``)."""
     lays = [LayoutSteps(job, fields, say, reference) for i, fields in enumerate(layouts(job.r))
@@ -486,12 +488,14 @@ class LayoutSteps:
         model's warm-up, one untimed step at each of its shapes: the first blocks after a layout's groups were made came
         out slow where the layout was measured among others (PP2 in the middle of four calibrations of every layout, its
         first block 0.44-0.69 (ln, each block over the machine's reference) above calibrations of PP2 alone, its later
-        ones nearer; measured first, 0.07; with the step, in the middle, 0.29). The groups let go after. ``warm``: one
-        untimed step a timer and nothing recorded (:func:`steps`' pass before its rounds)."""
+        ones nearer; measured first, 0.07; with the step, in the middle, 0.29). After each model's blocks, the
+        machine's reference, once for them all (read after each block it took 1.3 s of a 17 s round). The groups let
+        go after. ``warm``: the first model alone, its warm-up and one untimed step a timer of it, nothing recorded
+        (:func:`steps`' pass before its rounds)."""
         t0 = time.perf_counter()
         release_model_parallel()
         self.job.for_plan(self.first).init_model_parallel()
-        for i, (key, plan) in enumerate(self.models.items()):
+        for i, (key, plan) in enumerate(list(self.models.items())[:1] if warm else self.models.items()):
             timers = [t for t in self.timers if t.model == key]
             built = Built(self.job, plan)
             for t in timers:
@@ -510,8 +514,10 @@ class LayoutSteps:
                 for _ in range(timed):
                     t.record()
                 t.rounds += 1
-                if self.reference is not None:
-                    t.references.append(index_of(self.reference.read()))
+            if self.reference is not None and not warm:
+                index = index_of(self.reference.read())
+                for t in timers:
+                    t.references.append(index)
             built.free()
             for t in timers:
                 t.off()
@@ -810,7 +816,7 @@ def measure(spec: dict[str, Any], job: Any, which: list[int] | None = None, rate
             ) -> dict[str, Any] | None:
     """One rank's share of ``stage=calibrate`` in this process (``job``: this rank's
     :class:`moe_hydra.job.train.Job` of the plan, not yet started): the model's step at shrunken depths on the
-    layouts ``which`` (:func:`steps`; None: every one), the machine's reference after each block of them, and with
+    layouts ``which`` (:func:`steps`; None: every one), the machine's reference after each model's blocks, and with
     ``rates`` the GEMMs at the model's shapes, the memory bandwidth and every collective over all the job's processes
     at sizes across the range. Rank 0 returns what it found (:func:`write` fits it), the others None."""
     import torch
@@ -834,7 +840,7 @@ def measure(spec: dict[str, Any], job: Any, which: list[int] | None = None, rate
     try:
         measured = steps(job, say, ref, which)
         each = [index_of(x) for x in ref.readings]
-        say(f"the machine's reference (fixed work read after each block of steps): {len(each)} readings, "
+        say(f"the machine's reference (fixed work read after each model's steps): {len(each)} readings, "
             f"{min(each) * 1e3:.1f}..{max(each) * 1e3:.1f} ms, median {statistics.median(each) * 1e3:.1f} ms")
         if rates:
             release_model_parallel()
@@ -902,8 +908,8 @@ def write(r: Any, implementation: Any, found: list[dict[str, Any]], out_dir: Pat
                                        f"{STEP_WARMUP} steps on new batches discarded (their rows per expert "
                                        f"kept: expert_rows; the layout's first model: then a step at "
                                        f"each of its shapes), then a block per shape: a step untimed, then "
-                                       f"ceil(step_repeats / {ROUNDS}) timed; before the first round, a step at "
-                                       f"each shape of the process's first layout, untimed",
+                                       f"ceil(step_repeats / {ROUNDS}) timed; before the first round, the "
+                                       f"process's first model warmed up and a step at each of its shapes, untimed",
                          "step_data": "a shape's every step on one batch (its first micro-batches), the optimizer "
                                       "at a learning rate of 0: each expert gets the same rows every step",
                          "step_fitted": "a row's steady_s: the lower of its rounds' medians",
@@ -976,7 +982,7 @@ class Reference:
     Its tensors are made once, with the object: a reading allocates nothing (made afresh at each reading, 50 MiB
     filled with random numbers between two blocks of steps, the glibc allocator's heap moved under the steps).
 
-    ``stage=calibrate`` reads it after every block of steps it times (:meth:`LayoutSteps.round`), a run after every
+    ``stage=calibrate`` reads it after each model's blocks of steps (:meth:`LayoutSteps.round`), a run after every
     ``contract.reference_every``-th step of its window (outside the timed steps; off by default: it is work between
     them). Every rank of the default group reads at once, after a barrier; a probe's time is the slowest rank's.
     :meth:`summary` is what calibration.json and results.json record; :func:`moe_hydra.core.calibrated_step.carried`

@@ -495,7 +495,8 @@ class LayoutSteps:
         t0 = time.perf_counter()
         release_model_parallel()
         self.job.for_plan(self.first).init_model_parallel()
-        for i, (key, plan) in enumerate(list(self.models.items())[:1] if warm else self.models.items()):
+        models = list(self.models.items())[:1] if warm else list(self.models.items())
+        for i, (key, plan) in enumerate(models):
             timers = [t for t in self.timers if t.model == key]
             built = Built(self.job, plan)
             for t in timers:
@@ -522,8 +523,9 @@ class LayoutSteps:
             for t in timers:
                 t.off()
         which = "warm-up pass (untimed)" if warm else f"round {self.timers[0].rounds} of {ROUNDS}"
-        self.say(f"{which} on {self.first.layout.describe()}: {len(self.timers)} shapes on {len(self.models)} models, "
-                 f"one at a time, {len(self.timers) * timed} timed steps in {time.perf_counter() - t0:.1f} s")
+        shapes = sum(1 for t in self.timers if t.model in dict(models))
+        self.say(f"{which} on {self.first.layout.describe()}: {shapes} shapes on {len(models)} models, "
+                 f"one at a time, {shapes * timed} timed steps in {time.perf_counter() - t0:.1f} s")
 
     def result(self, say: Callable[[str], None]) -> dict[str, Any]:
         """The layout's ``parallel`` fields, the resolved plan of its first step and a measurement row per timer."""

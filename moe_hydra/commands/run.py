@@ -410,7 +410,17 @@ def _run_job(cfg: DictConfig, r: Resolved, p: dict, out_dir: Path, snapshot: dic
               + ", ".join(f"layer {x['layer']} {x['imbalance']:.2f}" for x in router["layers"])
               + f"; worst layer {worst['layer']}, EP ranks {worst['ep_imbalance']:.2f}"
               + (f"; up to {dropped:.1%} of routed slots dropped" if dropped else ""), flush=True)
+    print(f"moe_hydra: {steady_line(results)}", flush=True)
     return "COMPLETED"
+
+
+def steady_line(results: dict) -> str:
+    """The run's last line: the judgment of its step times and whether its window is steady."""
+    from moe_hydra.core import steady
+
+    j = steady.of_results(results)
+    how = "contract.window=auto" if results.get("window_declared") == steady.AUTO else "declared window"
+    return f"steady: {j.describe()} ({how})"
 
 
 def _run_calibrate(cfg: DictConfig, r: Resolved, p: dict, out_dir: Path, snapshot: dict) -> str:

@@ -24,6 +24,7 @@ from typing import Any
 
 from moe_hydra.core import overrides, presets
 from moe_hydra.core.schema import leaves, unwrapped
+from moe_hydra.core.steady import AUTO
 from moe_hydra.core.violations import V, Violation
 
 K = 1024
@@ -115,6 +116,7 @@ DOMAINS: dict[str, tuple[float, float]] = {
     "memory.fragmentation": FRACTION,
     "contract.warmup_steps": (0, MAX_STEPS),
     "contract.reference_every": (0, MAX_STEPS),
+    "contract.steady_steps": (3, MAX_STEPS),  # the steady segment's shortest, in steps (moe_hydra.core.steady)
     "profile.num_steps": (1, 1000),
     "overlap.bucket_size": (1, 10**15),
     "compare.equivalence": (1e-6, 0.999),
@@ -162,6 +164,8 @@ LIST_DOMAINS: dict[str, tuple[tuple[int, int], int | None]] = {
     "tune.window": ((1, MAX_STEPS), 2),  # [first, last] steady step of tune's short runs
     "bisect.window": ((1, MAX_STEPS), 2),  # [first, last] steady step of bisect's runs
 }
+# windows that may also be ``auto`` (moe_hydra.core.steady.AUTO: found while the run steps)
+AUTO_WINDOWS = ("contract.window", "tune.window", "bisect.window")
 
 
 def _container(t: Any) -> type | None:
@@ -239,7 +243,7 @@ def _within(value: Any, lo: float, hi: float) -> bool:
 
 def _fix_number(cfg: Any, path: str, value: Any, lo: float, hi: float) -> str:
     """``path=<the presets' value>`` when it is inside ``[lo, hi]`` (or unset, in an optional field), else the edge
-    nearest ``value``. An interpolated value (``train.train_iters`` is ``${contract.window[1]}``) is tried as this
+    nearest ``value``. An interpolated value (``train.train_iters`` is the window's last step) is tried as this
     config reads it, then as the presets do (a refused window gives its default's last step)."""
     for preset in (presets.chosen(cfg, path), presets.chosen(cfg, path, own=True)):
         if preset is None or _within(preset, lo, hi):
@@ -262,9 +266,10 @@ def _integer_within(x: Any, lo: int, hi: int) -> bool:
 def _check_list(cfg: Any, path: str) -> list[Violation]:
     (lo, hi), length = LIST_DOMAINS[path]
     value = attrgetter(path)(cfg)
-    if value is None or _legal_list(value, path):
+    if value is None or _legal_list(value, path) or (path in AUTO_WINDOWS and value == AUTO):
         return []
     what = f"{length} integers" if length else "integers"
+    what += f" or {AUTO}" if path in AUTO_WINDOWS else ""
     return [V("S02", f"{path} must be a list of {what} within [{lo}, {hi}] (is {value})",
               _fix_list(cfg, path), **{path.replace(".", "__"): value})]
 

@@ -33,6 +33,7 @@ import struct
 from typing import Any
 
 from moe_hydra.core.errors import Refused
+from moe_hydra.core.steady import AUTO
 
 TRAINING_EQUIVALENT = "training-equivalent"
 BENCHMARK_ONLY = "benchmark-only"
@@ -76,11 +77,16 @@ def build(cfg: Any, r: Any, env: dict[str, Any]) -> dict[str, Any]:
                          **{k: v for k, v in r.batch.as_dict().items() if k != "micro_batches_per_step"}}
     # what runs (TE or local layers, flash or unfused attention, ...): arms built differently are not matched
     contract["implementation"] = {k: v for k, v in dataclasses.asdict(r.impl).items() if k != "source"}
-    contract["timing"] = {"warmup_steps": cfg.contract.warmup_steps, "window": list(cfg.contract.window)}
-    first, last = cfg.contract.window[0], cfg.contract.window[-1]
-    profiled = r.profile_steps
-    if profiled and profiled[0] <= last and first <= profiled[1]:  # a profile inside the window perturbs it
-        contract["timing"]["profiled_steps"] = list(profiled)
+    if cfg.contract.window == AUTO:  # the window is found as the run steps: auto and its rule are the contract
+        contract["timing"] = {"warmup_steps": cfg.contract.warmup_steps, "window": AUTO,
+                              "steady_steps": cfg.contract.steady_steps}
+        del contract["train"]["train_iters"]  # auto's cap, not what it measures: a longer cap is the same contract
+    else:
+        contract["timing"] = {"warmup_steps": cfg.contract.warmup_steps, "window": list(cfg.contract.window)}
+        first, last = cfg.contract.window[0], cfg.contract.window[-1]
+        profiled = r.profile_steps
+        if profiled and profiled[0] <= last and first <= profiled[1]:  # a profile inside the window perturbs it
+            contract["timing"]["profiled_steps"] = list(profiled)
     if cfg.contract.reference_every:  # work between the window's steps: the loop is not the same
         contract["timing"]["reference_every"] = cfg.contract.reference_every
     contract["seed"] = cfg.seed

@@ -31,6 +31,7 @@ from moe_hydra.core import bounds
 from moe_hydra.core.arch import Arch, activation_fusable
 from moe_hydra.core.layout import Layout
 from moe_hydra.core.pipeline import RankLayers, assign
+from moe_hydra.core.steady import AUTO
 from moe_hydra.core.violations import LayoutError
 
 # Config nodes that no derived fact (layout, split, batch, implementation) reads.
@@ -130,7 +131,8 @@ class Resolved:
     # the steps the job trains: train.train_iters, or through the profiled steps when they come later
     train_iters: int
     # [first, last] steps traced by profile=window (after contract.window unless profile.steps says otherwise);
-    # None: profile=none, or profile.steps is not [first, last] (rule C02 says why)
+    # None: profile=none, profile.steps is not [first, last] (rule C02 says why), or contract.window=auto (the job
+    # traces the profile.num_steps steps after the window it finds)
     profile_steps: tuple[int, int] | None
 
     def with_settings(self, **nodes: Any) -> Resolved:
@@ -206,8 +208,10 @@ def resolve(cfg: Any, impl: Implementation | None = None, arch: Arch | None = No
     batch = Batch(t.micro_batch_size, gbs, gbs // (t.micro_batch_size * layout.dp) if layout.dp else 0, t.seq_length)
     split = rank_layers(arch, layout, cfg.parallel) if arch else None
     profiled = profile_steps(cfg)
-    return Resolved(cfg, layout, arch, split, batch, impl or Implementation.declared(cfg),
-                    max(t.train_iters, profiled[1] if profiled else 0), profiled)
+    iters = max(t.train_iters, profiled[1] if profiled else 0)
+    if cfg.contract.window == AUTO and cfg.profile.name != "none":  # profiled after the window found, up to the cap
+        iters = t.train_iters + cfg.profile.num_steps
+    return Resolved(cfg, layout, arch, split, batch, impl or Implementation.declared(cfg), iters, profiled)
 
 
 def profile_steps(cfg: Any) -> tuple[int, int] | None:
@@ -217,6 +221,8 @@ def profile_steps(cfg: Any) -> tuple[int, int] | None:
     if p.name == "none":
         return None
     if p.steps is None:
+        if cfg.contract.window == AUTO:  # after the window the job finds (moe_hydra.job.train)
+            return None
         last = cfg.contract.window[-1]
         return last + 1, last + p.num_steps
     return (p.steps[0], p.steps[1]) if len(p.steps) == 2 else None

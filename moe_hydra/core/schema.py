@@ -33,6 +33,31 @@ from omegaconf import II, MISSING
 
 from moe_hydra.core import step_model_fit
 from moe_hydra.core.stats import EQUIVALENCE
+from moe_hydra.core.steady import AUTO, STEADY_STEPS
+
+# contract.window=auto steps until it finds a steady segment, up to this many steps unless train.train_iters says
+AUTO_MAX_STEPS = 200
+
+
+def last_step(window: Any) -> int:
+    """The steps a run trains unless ``train.train_iters`` says: the declared window's last step, or
+    :data:`AUTO_MAX_STEPS` for ``contract.window=auto`` (the resolver ``moe_hydra.last_step``)."""
+    if isinstance(window, str):
+        return AUTO_MAX_STEPS if window == AUTO else 0  # another string: rule C01 names it
+    try:
+        return int(list(window)[-1])
+    except (TypeError, ValueError, IndexError):
+        return 0  # not [first, last]: rule C01 names it
+
+
+def _register_resolvers() -> None:
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("moe_hydra.last_step"):
+        OmegaConf.register_new_resolver("moe_hydra.last_step", last_step)
+
+
+_register_resolvers()
 
 # The configs: conf/ at the top of the repository, installed as this package (pyproject.toml maps it).
 CONF_PACKAGE = "moe_hydra.conf"
@@ -391,8 +416,9 @@ class TrainConfig:
     # data-parallel rank, enough to fill any pipeline.
     global_batch_size: Optional[int] = II("model.global_batch_size")
     seq_length: int = II("model.seq_length")
-    # Steps to run; defaults to the last step of the contract window.
-    train_iters: int = II("contract.window[1]")
+    # Steps to run; defaults to the last step of the contract window, and for contract.window=auto to the most it
+    # steps looking for a steady segment (AUTO_MAX_STEPS, 200).
+    train_iters: int = II("moe_hydra.last_step:${contract.window}")
     # Print a metrics line every N steps (rank 0).
     log_interval: int = 1
     # Draw every weight from (seed, its global name), so any layout of the model starts from the same
@@ -446,8 +472,13 @@ class ContractConfig:
     """How a run is measured. Steps are 1-based; warmup steps never enter a statistic."""
 
     warmup_steps: int = 3
-    # Steady window [first, last], inclusive; first > warmup_steps.
-    window: List[int] = field(default_factory=lambda: [4, 10])
+    # Steady window [first, last], inclusive; first > warmup_steps. Or ``auto``: the job steps (up to
+    # train.train_iters) until its step times have a steady segment of steady_steps after their last change of
+    # level (moe_hydra.core.steady), and measures that segment; the contract holds ``auto``, not the window found.
+    window: Any = field(default_factory=lambda: [4, 10])
+    # The shortest last level of a run's step times that counts as steady (its judgment, results.json: steady),
+    # and what contract.window=auto measures.
+    steady_steps: int = STEADY_STEPS
     # Read the machine's reference (moe_hydra.job.calibrate.Reference: fixed work, outside the timed steps) after
     # every Nth step of the window, from its first: how fast the machine was while this run measured, which carries
     # a calibration's prediction to it (results.json: machine_reference, step_time_carried). 0 = never.
@@ -570,8 +601,9 @@ class TuneConfig:
     # The smallest gain a retune candidate is worth (relative): its A/B stops once a gain this large is ruled out
     # (compare.futility of its repeat=auto).
     min_gain: float = 0.05
-    # The steady window of the screening, profile and retune runs (6-12 steps), after contract.warmup_steps.
-    window: List[int] = field(default_factory=lambda: [4, 11])
+    # The steady window of the screening, profile and retune runs: auto (each run steps until it is steady, up to
+    # train.train_iters), or [first, last] after contract.warmup_steps (its first step - 1).
+    window: Any = AUTO
     # Steps of the validation run (>= 50: the acceptance gate's), its steady window the last 10.
     validate_steps: int = 50
 
@@ -599,8 +631,9 @@ class BisectConfig:
     max_trials: int = 24
     # Runs per arm of each A/B, at most (compare.max_repeats of its repeat=auto).
     max_repeats: int = 8
-    # The steady window of the trials' runs, after contract.warmup_steps (its first step - 1).
-    window: List[int] = field(default_factory=lambda: [4, 11])
+    # The steady window of the trials' runs: auto (each run steps until it is steady, up to train.train_iters), or
+    # [first, last] after contract.warmup_steps (its first step - 1).
+    window: Any = AUTO
     # Profile good and the culprit (profile=window) and name the walls that moved.
     profile: bool = True
 

@@ -71,6 +71,12 @@ def finish(run: Any, results: dict[str, Any], out_dir: Path, logger_cfg: Any) ->
         router = results.get("router")
         if router:
             run.summary.update({f"router/imbalance_layer_{x['layer']}": x["imbalance"] for x in router["layers"]})
+        judged = results.get("steady")
+        if judged:  # the judgment of the run's step times (moe_hydra.core.steady)
+            segment, window = judged.get("segment") or [None, None], results.get("window_measured") or [None, None]
+            run.summary.update({"steady/class": judged["class"], "steady/segment_first": segment[0],
+                                "steady/segment_last": segment[1], "steady/window_steady": judged["window_steady"],
+                                "steady/window_first": window[0], "steady/window_last": window[1]})
         artifact = wandb.Artifact(f"evidence-{run.id}", type="run-evidence")
         for path in [*sorted((out_dir / ".hydra").glob("*.yaml")), out_dir / "results.json", out_dir / "env.json"]:
             if path.exists():

@@ -52,6 +52,8 @@ from moe_hydra.core import results as results_schema
 from moe_hydra.core.io import write_json
 from moe_hydra.core.resolved import Resolved
 from moe_hydra.core.schema import Stage
+from moe_hydra.core.steady import AUTO
+from moe_hydra.job.auto_window import AutoWindow
 from moe_hydra.core.versions import mcore_facts
 from moe_hydra.job import warm_server
 
@@ -239,6 +241,10 @@ class Job:
         self.stopped_by: str | None = None  # the signal the ranks agreed to stop on (:class:`Signals`)
         self.stopped_at = 0  # ... after this step
         self.reference: Any = None  # the machine's reference read in the window (contract.reference_every)
+        self.auto = self.cfg.contract.window == AUTO  # contract.window=auto: the window is found as the run steps
+        self.auto_window: AutoWindow | None = None
+        self.measured: tuple[int, int] | None = None  # the window measured, once known
+        self.judge_import_s = 0.0  # rank 0's import of the judgment's libraries (0 when a warm server had them)
 
     # ------------------------------------------------------------------ setup
 
@@ -474,22 +480,26 @@ class Job:
         iters = self.r.train_iters
         every = live.log_interval(cfg.logger, iters)
         router = self._router_stats(model)
-        progress = (_Progress(iters, cfg.contract.window[1], batch.tokens_per_step / self.world) if self.rank == 0
-                    else None)
-        first, last = cfg.contract.window
+        from moe_hydra.core import steady
+
+        self.judge_import_s = steady.load() if self.rank == 0 else 0.0  # before the steps: the judgment's imports
+        auto = AutoWindow(cfg.contract, t.train_iters, self.rank, self.device) if self.auto else None
+        self.auto_window = auto
+        self.measured = None if auto else tuple(cfg.contract.window)  # the window, once known
+        progress = (_Progress(iters, self.measured[1] if self.measured else None, batch.tokens_per_step / self.world)
+                    if self.rank == 0 else None)
         every_ref = cfg.contract.reference_every
         if every_ref:
             from moe_hydra.job.calibrate import Reference
 
             self.reference = Reference(self.device)
-        loop_ms = window_start = 0.0
+        starts, ends = {}, {}  # rank 0's clock at each step's start and end: the window's loop time
         for step in range(1, iters + 1):
             if step == 1 and self.origin is not None:
                 self.startup = startup.record(self.origin, startup.now(self.origin["clock"]))
                 if progress is not None:
                     progress.log(startup.describe(self.startup))
-            if step == first:
-                window_start = time.perf_counter()
+            starts[step] = time.perf_counter()
             batches = [data.batch(step - 1, dp_rank, mb) for mb in range(data.microbatches)]
             if step == t.fail_at_step:
                 raise RuntimeError(f"train.fail_at_step={step}: failing on purpose")
@@ -508,14 +518,30 @@ class Job:
                 if step % t.log_interval == 0 or step == iters:
                     progress.log(metrics.log_line(rec, batch.tokens_per_step, self.world, self.plan["flops_per_token"],
                                                   peak, rec.memory_gib))
+            first, last = self.measured or (cfg.contract.warmup_steps + 1, iters)
             if every_ref and first <= step <= last and (step - first) % every_ref == 0:
                 self.reference.read()  # every rank, after the same steps
-            if step == last:
-                loop_ms = (time.perf_counter() - window_start) * 1e3 / (last - first + 1)
+            ends[step] = time.perf_counter()
             if stop and step < iters:  # every rank saw the signal at the end of this step
                 self.stopped_by, self.stopped_at = stop, step
                 if progress is not None:
                     progress.log(f"{stop} received: stopping after step {step} of {iters}")
+                break
+            if auto is not None and self.measured is None:
+                if auto.after([r.time_ms for r in records]):
+                    self.measured = auto.found
+                    if progress is not None:
+                        progress.found(auto.found)
+                    if cfg.profile.name == "none":
+                        break
+                    self.window.steps = (step + 1, step + cfg.profile.num_steps)  # then profiled, and the end
+                elif step >= t.train_iters:  # the cap, and no steady segment: measured as the run's last steps
+                    self.measured = tuple(auto.window(step))
+                    if progress is not None:
+                        progress.log(f"contract.window=auto: no steady segment of {cfg.contract.steady_steps} steps "
+                                     f"in {step} steps (train.train_iters={t.train_iters})")
+                    break
+            if self.window.steps is not None and step >= self.window.steps[1] and auto is not None:
                 break
         if progress is not None:
             progress.close()
@@ -523,6 +549,9 @@ class Job:
             router.close()
         if gpu is not None:
             gpu.stop()
+        first, last = self.measured or (1, 0)
+        last = min(last, len(records))
+        loop_ms = (ends[last] - starts[first]) * 1e3 / (last - first + 1) if first <= last and last in ends else 0.0
         return records, (samples if gpu is not None else None), loop_ms
 
     def _router_stats(self, model) -> Any:
@@ -559,7 +588,7 @@ class Job:
             groups = getattr(optimizer, "param_groups", None) or [{}]
             pipeline = dataclasses.replace(rec, memory_gib=float(memory[0])) if rec.memory_gib is not None else rec
             values = live.row(pipeline, self.r.batch.tokens_per_step, self.world, self.plan["flops_per_token"], peak,
-                              groups[0].get("lr"), tuple(self.cfg.contract.window))
+                              groups[0].get("lr"), self.measured or (0, -1))
             if self.on_gpu:
                 values["memory/alloc_retries"] = int(memory[1])
             nvml = {f"gpu/{k}": v for k, v in (gpu_sample or {}).items() if k != "step"}
@@ -640,37 +669,43 @@ class Job:
         """profile=window: every rank's walls gathered on rank 0, which writes profile.json; its summary there."""
         import torch.distributed as dist
 
-        if self.r.profile_steps is None:
+        if self.window.steps is None:
             return None
         gathered = [None] * self.world if self.rank == 0 else None
         dist.gather_object(self.window.analysed, gathered, dst=0)
         if self.rank != 0:
             return None
-        return self.window.write(gathered, records, list(self.cfg.contract.window), out_dir)
+        return self.window.write(gathered, records, list(self.measured), out_dir)
 
     def _results(self, records, samples, loop_ms: float, memory: dict, evidence: dict,
                  profiled: dict | None) -> dict[str, Any]:
-        """``results.json``: the plan's record, the steady window's figures and what produced each."""
+        """``results.json``: the plan's record, the steady window's figures and what produced each, and the judgment
+        of the run's step times (``steady``)."""
+        from moe_hydra.core import steady
         from moe_hydra.job import live
 
         cfg, contract = self.cfg, self.cfg.contract
         peak, peak_field = metrics.peak_tflops(cfg.hardware, cfg.precision)
         stopped = {"status": "interrupted" if self.stopped_by == "SIGINT" else "terminated",
                    "signal": self.stopped_by, "stopped_at_step": self.stopped_at} if self.stopped_by else {}
-        return {
+        window = list(self.measured or self.auto_window.window(len(records)))
+        found = "the steady segment contract.window=auto found" if self.auto else "declared (contract.window)"
+        results = {
             **self.plan,
             **self.stamp,
             "stage": "run",
             "status": "ok",
             "signal": None,
             **stopped,
-            **metrics.summarize(records, window=list(contract.window), warmup_steps=contract.warmup_steps,
+            **metrics.summarize(records, window=window, warmup_steps=contract.warmup_steps,
                                 tokens_per_step=self.r.batch.tokens_per_step, world_size=self.world,
                                 flops_per_token=self.plan["flops_per_token"], peak=peak,
                                 stopped=bool(self.stopped_by)),
+            "window_declared": AUTO if self.auto else list(contract.window),
+            "profile_steps": list(self.window.steps) if self.window.steps else None,
             "step_time_counter": ("CUDA events around each step (device) and the host clock, max over ranks"
                                   if self.on_gpu else "time.perf_counter around each step, max over ranks"),
-            "window_counter": f"mean of steps {contract.window[0]}..{contract.window[1]}; "
+            "window_counter": f"mean of steps {window[0]}..{window[1]} ({found}); "
                               f"steps 1..{contract.warmup_steps} are warmup",
             # wall time per window step on rank 0 including everything between steps (data, sync of the
             # measurements, logging): what the harness costs on top of the timed steps
@@ -684,9 +719,15 @@ class Job:
             # profile=window: the profiled steps' walls on the slowest rank (profile.json has every rank's)
             "profile": profiled,
             # a MoE model's routers: per layer, tokens per expert and their imbalance over the window's logged steps
-            "router": live.router_summary(self.router_logged, tuple(contract.window)),
+            "router": live.router_summary(self.router_logged, tuple(window)),
             **self._carried(),
         }
+        start = time.perf_counter()
+        judged = steady.of_results(results, contract.steady_steps).as_dict()
+        judging = (time.perf_counter() - start + (self.auto_window.seconds if self.auto_window else 0.0)
+                   + self.judge_import_s)
+        results["steady"] = {**judged, "seconds": judging}
+        return results
 
     def _carried(self) -> dict[str, Any]:
         """contract.reference_every: the machine's reference as this run read it (``machine_reference``) and, when
@@ -778,11 +819,12 @@ class _Progress:
     CPU time from the steps it measures.
     """
 
-    def __init__(self, total: int, window_end: int, tokens_per_gpu: float):
+    def __init__(self, total: int, window_end: int | None, tokens_per_gpu: float):
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
         self.console = Console(stderr=True)
+        # None: contract.window=auto, still looking for its steady segment
         self.window_end, self.tokens_per_gpu = window_end, tokens_per_gpu
         self.spent_ms = 0.0  # the steps' time so far: the pace the window's end is told from
         self.bar = None
@@ -794,10 +836,11 @@ class _Progress:
             self.bar.start()
 
     @staticmethod
-    def now(rec: metrics.StepRecord, tokens_per_gpu: float, window_end: int, pace_ms: float) -> str:
+    def now(rec: metrics.StepRecord, tokens_per_gpu: float, window_end: int | None, pace_ms: float) -> str:
         """The live line's figures after step ``rec``; ``pace_ms`` the mean step so far."""
-        left = max(window_end - rec.step, 0) * pace_ms / 1e3
-        window = f"window ends in {left:.0f} s" if left else "window measured"
+        left = max(window_end - rec.step, 0) * pace_ms / 1e3 if window_end is not None else None
+        window = ("looking for a steady segment" if left is None else f"window ends in {left:.0f} s" if left
+                  else "window measured")
         return (f"{rec.time_ms:.0f} ms/step  {tokens_per_gpu / (rec.time_ms / 1e3):,.0f} tokens/s/GPU  "
                 f"loss {rec.loss:.3f}  {window}")
 
@@ -806,6 +849,11 @@ class _Progress:
         if self.bar is not None:
             now = self.now(rec, self.tokens_per_gpu, self.window_end, self.spent_ms / rec.step)
             self.bar.update(self.task, completed=rec.step, now=now, refresh=True)
+
+    def found(self, segment: tuple[int, int]) -> None:
+        """contract.window=auto found its steady segment: it is the window measured."""
+        self.window_end = segment[1]
+        self.log(f"contract.window=auto: steady from step {segment[0]}; window [{segment[0]}, {segment[1]}] measured")
 
     def log(self, line: str) -> None:
         self.console.print(line, highlight=False, soft_wrap=True)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from moe_hydra.core.steady import AUTO
+
 
 def _si(n: float, billion: str = "B") -> str:
     for unit, scale in (("T", 1e12), (billion, 1e9), ("M", 1e6), ("K", 1e3)):
@@ -108,9 +110,14 @@ def plan_table(plan: dict[str, Any]):
     label = plan["label"] + (f": {'; '.join(plan['label_reasons'])}" if plan["label_reasons"] else "")
     t.add_row("label", label)
     steps, window = plan.get("profile_steps"), plan["contract"]["timing"]["window"]
-    t.add_row("steps", f"{plan['train_iters']}: warmup {plan['contract']['timing']['warmup_steps']}, measured "
-              f"{window[0]}..{window[1]}" + (f", profiled {steps[0]}..{steps[1]} (profile.json: the step's walls)"
-                                             if steps else "; add profile=window to profile the steps after them"))
+    timing = plan["contract"]["timing"]
+    if window == AUTO:
+        t.add_row("steps", f"up to {plan['train_iters']}: warmup {timing['warmup_steps']}, then until the steps "
+                  f"have a steady segment of {timing['steady_steps']} (contract.window=auto), which is measured")
+    else:
+        t.add_row("steps", f"{plan['train_iters']}: warmup {timing['warmup_steps']}, measured "
+                  f"{window[0]}..{window[1]}" + (f", profiled {steps[0]}..{steps[1]} (profile.json: the step's walls)"
+                                                 if steps else "; add profile=window to profile the steps after them"))
     t.add_row("contract", f"{plan['contract_hash']} (full {plan['contract_full_hash']})"
               + (f", excluding swept {', '.join(plan['swept'])}" if plan["swept"] else ""))
     mc = plan["megatron_core"]

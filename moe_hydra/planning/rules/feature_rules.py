@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import math
 
+from moe_hydra.core import schema
+from moe_hydra.core.steady import AUTO
 from moe_hydra.planning.rules.base import (COMM_READS, DISPATCHER_READS, Ctx, V, _divisors, _ep_choices, _fmt, _here,
                                            _list, _on_gpus, rule)
 
@@ -323,9 +325,21 @@ def p01_precision_hardware(c: Ctx):
 @rule
 def c01_contract_window(c: Ctx):
     k, iters = c.cfg.contract, c.cfg.train.train_iters
+    if isinstance(k.window, str):
+        if k.window != AUTO:
+            yield V("C01", f"contract.window must be [first, last] or {AUTO}, got {k.window!r}", "contract.window=auto",
+                    contract__window=k.window)
+        elif iters < k.warmup_steps + k.steady_steps:
+            yield V("C01", f"contract.window=auto needs a steady segment of {k.steady_steps} steps after the "
+                    f"{k.warmup_steps} warmup steps, more than the run's {iters} steps",
+                    f"train.train_iters={max(schema.AUTO_MAX_STEPS, k.warmup_steps + k.steady_steps)}",
+                    train__train_iters=iters, contract__steady_steps=k.steady_steps,
+                    contract__warmup_steps=k.warmup_steps)
+        return
     w = list(k.window)
     if len(w) != 2:
-        yield V("C01", f"contract.window must be [first, last], got {w}", "contract.window=[4,10]", contract__window=w)
+        yield V("C01", f"contract.window must be [first, last] or {AUTO}, got {w}", "contract.window=[4,10]",
+                contract__window=w)
         return
     first, last = w
     if first <= k.warmup_steps:
@@ -347,6 +361,12 @@ def c02_profile_window(c: Ctx):
     if p.tool == "nsys" and c.cfg.hardware.arch == "cpu":
         yield V("C02", "profile.tool=nsys traces CUDA; this run has no GPU", "profile.tool=torch",
                 profile__tool=p.tool, hardware__name=c.cfg.hardware.name)
+    if k.window == AUTO:
+        if p.steps is not None:
+            yield V("C02", f"profile.steps={list(p.steps)} with contract.window=auto: the window is found while the "
+                    "run steps, so fixed profiled steps may fall inside it", "profile.steps=null (the steps after "
+                    "the window it finds)", profile__steps=list(p.steps), contract__window=AUTO)
+        return
     steps = c.r.profile_steps
     if steps is None:
         yield V("C02", f"profile.steps must be [first, last], got {list(p.steps)}", "profile.steps=null (the steps "

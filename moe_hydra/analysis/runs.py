@@ -9,6 +9,11 @@ directories are skipped with a warning naming the file.
 A run is counted once: files with the same run_id, the same file reached twice (``D D``, ``D D/0``) and files with
 identical step times (a copy of a run written before run_id existed) are one run, with a warning ("counted once:
 same run_id as ..."); the copies are kept on the run (``Run.copies``).
+
+Verdicts only on steady windows: a complete run whose window is not steady (:mod:`moe_hydra.core.steady`: its step
+times judged from results.json, whichever version wrote it) is not evidence. It is listed (``Loaded.not_steady``),
+warned with the fix (a window inside its steady segment, or ``contract.window=auto``), and never compared, accepted or
+pooled into a noise.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from moe_hydra.core import contract as contracts
-from moe_hydra.core import results
+from moe_hydra.core import results, steady
 
 NEED = ("contract", "contract_hash", "loss")  # what every use of a complete run reads (results.problems)
 
@@ -45,15 +50,26 @@ class Run:
     def window_mean(self) -> float:
         return sum(self.window_steps) / len(self.window_steps)
 
+    @property
+    def steady(self) -> steady.Judgment:
+        """The judgment of the run's step times (:func:`moe_hydra.core.steady.of_results`), made once."""
+        if self._steady is None:
+            self._steady = steady.of_results(self.results)
+        return self._steady
+
+    _steady: steady.Judgment | None = field(default=None, repr=False, compare=False)
+
 
 @dataclass
 class Loaded:
-    """What the directories hold, each run once: ``runs`` complete (compared), ``stopped`` by a signal (listed,
-    never compared), ``rejected`` the reasons results.json files were not used (against the schema, failed)."""
+    """What the directories hold, each run once: ``runs`` complete with a steady window (compared), ``not_steady``
+    complete but their window not steady (listed, never compared), ``stopped`` by a signal (listed, never compared),
+    ``rejected`` the reasons results.json files were not used (against the schema, failed)."""
 
     runs: list[Run] = field(default_factory=list)
     stopped: list[Run] = field(default_factory=list)
     rejected: list[str] = field(default_factory=list)
+    not_steady: list[Run] = field(default_factory=list)
 
 
 def _files(dirs: list[Path], warn: Warn) -> Iterator[Path]:
@@ -96,8 +112,15 @@ def stopped_line(run: Run) -> str:
             + ": a stopped run is never compared or accepted")
 
 
-def load(dirs: list[Path], warn: Warn) -> Loaded:
-    """Every run under ``dirs``, each counted once; anything not compared is warned, naming the file."""
+def not_steady_line(run: Run) -> str:
+    """A run whose window is not steady, told: its file, the judgment and the fix."""
+    return f"{run.path / 'results.json'}: not evidence: {run.steady.describe()}"
+
+
+def load(dirs: list[Path], warn: Warn, need_steady: bool = True) -> Loaded:
+    """Every run under ``dirs``, each counted once; anything not compared is warned, naming the file.
+    ``need_steady``: a complete run whose window is not steady goes to ``not_steady`` (False: among the ``runs``,
+    for a reader that looks at what changed, not at how fast)."""
     loaded, seen = Loaded(), {}
 
     def reject(message: str) -> None:
@@ -118,7 +141,10 @@ def load(dirs: list[Path], warn: Warn) -> Loaded:
             continue
         run = Run(path.parent, res)
         seen.update({k: run for k in keys})
-        if res["status"] == results.OK:
+        if res["status"] == results.OK and need_steady and not run.steady.window_steady:
+            loaded.not_steady.append(run)
+            warn(f"not compared: {not_steady_line(run)}")
+        elif res["status"] == results.OK:
             loaded.runs.append(run)
         elif res["status"] in results.STOPPED:
             loaded.stopped.append(run)
@@ -131,7 +157,7 @@ def load(dirs: list[Path], warn: Warn) -> Loaded:
 
 def not_compared(loaded: Loaded) -> list[str]:
     """Why the results.json files that were found are not among the runs compared (for accept, diff, regress)."""
-    return loaded.rejected + [stopped_line(r) for r in loaded.stopped]
+    return loaded.rejected + [stopped_line(r) for r in loaded.stopped] + [not_steady_line(r) for r in loaded.not_steady]
 
 
 

@@ -38,7 +38,8 @@ from moe_hydra.core.errors import (EXIT_FAILED, EXIT_OK, EXIT_REFUSED, Failed, R
                                    raise_interrupted, raise_terminated, signal_exit, signalled)
 
 # In the order moe-hydra --help lists them: the loop's order, then the hand-off and the data
-COMMANDS = ("run", "tune", "bisect", "compare", "accept", "diff", "regress", "noise", "sweep", "export", "ingest", "data")
+COMMANDS = ("run", "tune", "bisect", "compare", "accept", "steady", "diff", "regress", "noise", "sweep", "export", "ingest",
+            "data")
 
 
 def command(name: str) -> ModuleType:

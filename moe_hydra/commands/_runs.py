@@ -15,10 +15,10 @@ from moe_hydra.analysis.runs import Loaded, Warn, load
 from moe_hydra.launch.follow import campaign_notes
 
 
-def load_runs(name: str, dirs: list[Path]) -> tuple[Loaded, list[str], Warn]:
-    """The runs under ``dirs`` (:func:`moe_hydra.analysis.runs.load`), the warnings said so far, and the function
-    that says one more (on stderr, as ``moe_hydra.<name>: warning: ...``, and kept in the list), after a note for
-    each directory that is a campaign still running."""
+def load_runs(name: str, dirs: list[Path], need_steady: bool = True) -> tuple[Loaded, list[str], Warn]:
+    """The runs under ``dirs`` (:func:`moe_hydra.analysis.runs.load`; ``need_steady`` as there), the warnings said so
+    far, and the function that says one more (on stderr, as ``moe_hydra.<name>: warning: ...``, and kept in the
+    list), after a note for each directory that is a campaign still running."""
     for note in campaign_notes([str(d) for d in dirs]):
         print(f"moe_hydra.{name}: note: {note}", file=sys.stderr)
     warnings: list[str] = []
@@ -27,7 +27,7 @@ def load_runs(name: str, dirs: list[Path]) -> tuple[Loaded, list[str], Warn]:
         warnings.append(message)
         print(f"moe_hydra.{name}: warning: {message}", file=sys.stderr)
 
-    return load(dirs, warn), warnings, warn
+    return load(dirs, warn, need_steady), warnings, warn
 
 
 def fraction(text: str) -> float:

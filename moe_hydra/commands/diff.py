@@ -34,8 +34,12 @@ def arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    loaded, _, warn = load_runs("diff", args.dirs)
+    loaded, _, warn = load_runs("diff", args.dirs, need_steady=False)  # what changed, even in an unsteady window
     runs = loaded.runs
+    for r in runs:
+        if not r.steady.window_steady:
+            warn(f"{r.path / 'results.json'}: its window is not steady, so its step time is no verdict: "
+                 f"{r.steady.describe()}")
     if len(args.dirs) != 2 or len(runs) != 2:
         raise Refused(f"diff takes two run directories with complete, distinct results ({len(runs)} found)"
                       + "".join(f"\n  {m}" for m in not_compared(loaded)))

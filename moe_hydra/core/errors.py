@@ -17,6 +17,7 @@ EXIT_OK = 0  # done
 EXIT_FAILED = 1  # started and did not complete (a job, a point, a file that could not be written)
 EXIT_REFUSED = 2  # bad input: refused before anything of it started; one message names what to change
 EXIT_REGRESSED = 3  # compare's regression check (moe-hydra regress) found a run that regressed
+EXIT_NOT_STEADY = 4  # moe-hydra steady found a run whose window is not steady
 EXIT_SIGNAL_BASE = 128  # + the signal's number: SIGINT 130, SIGTERM 143, SIGUSR2 140
 
 MEANINGS = {  # what each means for the run command; the others say what it means for them (their EXITS)
@@ -26,6 +27,7 @@ MEANINGS = {  # what each means for the run command; the others say what it mean
                   "cannot read or compose, a broken rule, a sweep directory that holds another sweep (one message "
                   "names the override to change; in a sweep the other points still run)",
     EXIT_REGRESSED: "a run regressed against the baseline",
+    EXIT_NOT_STEADY: "a run's window is not steady",
 }
 
 

@@ -16,7 +16,8 @@ Its directory (--out, default outputs/bisect/<date>/<time>) holds bisect.json (t
 verdict and interval, the culprit, the walls, GPU-hours), bisect.md (the answer first) and one directory per A/B.
 The same command again continues a bisect that stopped, never measuring an A/B again; with launcher=slurm
 launcher.detach=true each invocation queues what it can and returns. bisect.max_trials (24) bounds the A/Bs,
-bisect.max_repeats (8) the runs an arm of each, bisect.window ([4,11]) their steady window.
+bisect.max_repeats (8) the runs an arm of each; bisect.window (auto: each run steps until its step times are
+steady) is their window, and a run whose window is not steady is run again longer, never judged.
 
 examples:
   moe-hydra bisect --good "train.micro_batch_size=4" --bad "train.micro_batch_size=4 recompute=full \

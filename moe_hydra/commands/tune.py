@@ -14,7 +14,8 @@ commands and baseline). The same command again continues a tune that stopped, ne
 again; with launcher=slurm launcher.detach=true each invocation queues what it can and returns.
 
 tune.max_trials (16) and tune.budget_gpu_hours (8) bound the retune; tune.allow=[precision,routing,data] lets it
-try changes that alter numerics or the label; tune.window ([4,11]) is the steady window of its short runs;
+try changes that alter numerics or the label; tune.window (auto: each run steps until its step times are steady)
+is the window of its short runs, and a run whose window is not steady is run again longer, never judged;
 tune.max_repeats (4) the runs an arm of each A/B, stopped early once a gain of tune.min_gain (0.05) is ruled out.
 
 examples:

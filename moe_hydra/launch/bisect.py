@@ -227,7 +227,8 @@ class Bisect:
     @property
     def measured(self) -> list[str]:
         """The overrides both arms take, with the steady window of the bisect's runs (bisect.window)."""
-        return experiments.with_window(self.how, list(self.bcfg.window))
+        w = self.bcfg.window
+        return experiments.with_window(self.how, w if w == experiments.AUTO else list(w))
 
     def _ab(self, name: str, arm: list[str], margin: float | None = None) -> dict[str, Any]:
         """``arm`` against good, repeat=auto; ``margin``: its equivalence margin (compare.equivalence) when not the

@@ -32,6 +32,7 @@ from omegaconf import OmegaConf
 from moe_hydra.core import io, overrides
 from moe_hydra.core.errors import Refused, Terminated
 from moe_hydra.core.schema import conf_dir
+from moe_hydra.core.steady import AUTO
 from moe_hydra.launch import compose, ledger
 from moe_hydra.launch.outcome import DONE_STATES, complete_results
 
@@ -45,8 +46,11 @@ def is_how(o: str) -> bool:
     return overrides.key(o).split(".")[0].split("/")[0] in RUN_HOW
 
 
-def with_window(how: list[str], window: list[int]) -> list[str]:
-    """The run-how overrides with the steady window [first, last] of a loop's short runs (warmup: the steps before)."""
+def with_window(how: list[str], window: Any) -> list[str]:
+    """The run-how overrides with the steady window of a loop's short runs: ``auto`` (each run steps until its step
+    times are steady, moe_hydra.core.steady), or [first, last] (warmup: the steps before)."""
+    if window == AUTO:
+        return [*how, f"contract.window={AUTO}"]
     first, last = window
     return [*how, f"contract.warmup_steps={first - 1}", f"contract.window=[{first},{last}]"]
 

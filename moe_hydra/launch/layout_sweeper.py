@@ -13,7 +13,9 @@
 3. Unless ``stage=plan`` (or ``fit``), screen the layouts the step model cannot tell from the best (``tied``
    in ``layouts.json``: predicted within its held-out ranking error, ``tie_width``), at most ``top_k`` of
    them, with short real runs through the configured launcher (local processes or Slurm): a short contract
-   (``screen_window``, after ``screen_warmup`` steps), every arm with the same global batch and contract hash.
+   (``screen_window``: auto, each run stepping until its step times are steady, or a declared window; after
+   ``screen_warmup`` steps), every arm with the same global batch and contract hash; a layout whose window is not
+   steady is listed with its judgment, not ranked.
    Rank them by
    measured steady step time with a 95 % interval of the mean; a layout whose Welch comparison with
    the fastest (moe_hydra.core.stats, the hardware's run-to-run noise as the floor) finds no significant
@@ -30,7 +32,7 @@ import logging
 import shlex
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Optional
 
@@ -40,7 +42,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from moe_hydra.analysis.runs import Run
 from moe_hydra.core import contract as contracts
-from moe_hydra.core import io, overrides, stats
+from moe_hydra.core import io, overrides, stats, steady
+from moe_hydra.core.steady import AUTO
 from moe_hydra.core.errors import Refused
 from moe_hydra.core.schema import Config, Stage, typed
 from moe_hydra.core.violations import LayoutError
@@ -73,9 +76,10 @@ class LayoutSweeperConf:
     ep_overlap: Optional[List[bool]] = None
     # Rows of the printed ranking, and layouts written as a ready-to-run sweep.
     table_rows: int = 15
-    # The screening contract: warmup steps, then the steady window [first, last] (6-12 steps).
+    # The screening contract: warmup steps, then the steady window: auto (each run steps until it is steady) or
+    # [first, last]. A layout whose window is not steady is not ranked (its judgment is in the screening).
     screen_warmup: int = 3
-    screen_window: List[int] = field(default_factory=lambda: [4, 11])
+    screen_window: Any = AUTO
     # Steady steps of the validation run the screening recommends.
     validate_steps: int = 50
     # Profile the first this many screened layouts (profile=window: the steps after the screening window, so
@@ -91,14 +95,15 @@ def register() -> None:
 
 class LayoutSweeperImpl(Sweeper):
     def __init__(self, top_k: int = 0, micro_batch_sizes: list[int] | None = None, table_rows: int = 15,
-                 screen_warmup: int = 3, screen_window: list[int] | None = None, validate_steps: int = 50,
+                 screen_warmup: int = 3, screen_window: Any = AUTO, validate_steps: int = 50,
                  params: dict | None = None, dispatchers: list[str] | None = None, ep_overlap: list[bool] | None = None,
                  profile_top: int = 0):
         super().__init__()
         self.top_k, self.micro_batch_sizes, self.table_rows = top_k, micro_batch_sizes, table_rows
         self.dispatchers = list(dispatchers) if dispatchers else None
         self.ep_overlap = list(ep_overlap) if ep_overlap else None
-        self.screen_warmup, self.screen_window = screen_warmup, list(screen_window or [4, 11])
+        self.screen_warmup = screen_warmup
+        self.screen_window = AUTO if screen_window in (None, AUTO) else list(screen_window)
         self.validate_steps = validate_steps
         self.profile_top = profile_top
         self.config: DictConfig | None = None
@@ -201,8 +206,8 @@ class LayoutSweeperImpl(Sweeper):
 
     def _screen(self, cfg: Config, s: search.Search, top: list[dict], base: list[str],
                 sweep_dir: Path) -> tuple[dict, list]:
-        first, last = self.screen_window
-        contract = [f"contract.warmup_steps={self.screen_warmup}", f"contract.window=[{first},{last}]"]
+        window = self.screen_window if self.screen_window == AUTO else "[{},{}]".format(*self.screen_window)
+        contract = [f"contract.warmup_steps={self.screen_warmup}", f"contract.window={window}"]
         jobs = [[*base, *c["overrides"], *contract, *(["profile=window"] if i < self.profile_top else [])]
                 for i, c in enumerate(top)]
         log.info("screening %d layouts (the leading tied set) through %s", len(jobs), type(self.launcher).__name__)
@@ -266,7 +271,10 @@ def finish_screening(sweep_dir: Path) -> dict | None:
 def _arm(candidate: dict, res: dict | None, job_dir: Path | None) -> dict:
     arm = {"layout": candidate["layout"], "predicted_rank": candidate["rank"], "overrides": candidate["overrides"],
            "predicted_step_s": candidate["step_time_s"], "dir": str(job_dir), "status": "ok" if res else "failed"}
-    if res:
+    judged = steady.of_results(res) if res else None
+    if judged is not None and not judged.window_steady:  # not evidence: listed with why, never ranked
+        arm.update(status="not steady", steady=judged.as_dict())
+    elif res:
         arm["samples_ms"] = Run(job_dir, res).window_steps
         work = contracts.Work.of(res.get("contract") or {})
         arm["work"] = [work.tokens_per_step, work.gpus, work.batch_unit] if work else None

@@ -31,6 +31,12 @@ command again, once it has run (``python -m moe_hydra.sweep wait DIR``), keeps t
 launcher keeps complete points), looks, and queues the next round or stops. Locally (and attached on Slurm) one
 command runs the rounds to the end.
 
+Steady windows only: unless the command line sets ``contract.window``, every run takes ``contract.window=auto``
+(it steps until its step times are steady, :mod:`moe_hydra.core.steady`). A run whose window is not steady is not
+evidence: an auto run that found no steady segment is run again with twice the steps (:data:`LONGER_RERUNS` times),
+and a declared window that is not steady stops the A/B (``refused: a window is not steady``, the fix in the log and
+in the round's ``points[].steady``).
+
 Like with like: before the first round, the arms' resolved plans say what a step of each trains
 (``sweeper.work``), and :func:`moe_hydra.core.contract.measure` decides the figure: step time when the work is the
 same; tokens/s/GPU (tested as time per token) when the design varies it on purpose (``train.global_batch_size``
@@ -52,7 +58,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from moe_hydra.analysis import noise as noises
 from moe_hydra.analysis.compare import SEQUENTIAL_FILE
-from moe_hydra.core import bounds, io, results, stats
+from moe_hydra.core import bounds, io, results, stats, steady
 from moe_hydra.core import contract as contracts
 from moe_hydra.core.errors import Refused
 from moe_hydra.launch import outcome
@@ -104,7 +110,8 @@ def design_of(config: DictConfig) -> tuple[stats.Design, dict[str, Any]]:
             raise Refused(f"compare.noise_file: {e}; fix: compare.noise_file=<a noise.json from moe-hydra noise> "
                           "or compare.noise_file=null") from None
     window = sel("contract.window") or [1, 1]
-    steps = max(int(window[-1]) - int(window[0]) + 1, 1)
+    steps = (int(sel("contract.steady_steps", steady.STEADY_STEPS)) if window == steady.AUTO
+             else max(int(window[-1]) - int(window[0]) + 1, 1))
     # one run's mean, relative: the measured run-to-run noise and its steps' over the window's n
     run_sd = math.sqrt(floor.value**2 + (floor.step_noise or 0.0) ** 2 / steps) if floor is not None else None
     margin = sel("compare.equivalence", stats.EQUIVALENCE)
@@ -129,10 +136,11 @@ def design_of(config: DictConfig) -> tuple[stats.Design, dict[str, Any]]:
 def _run_stat(ret: Any, tokens_per_gpu: float | None = None
               ) -> tuple[stats.RunStat | None, str | None, float | None]:
     """(the run as the test reads it, its directory, its window's mean step time) of a settled point; None when
-    incomplete. ``tokens_per_gpu``: the test reads time per token (each step's time over its tokens per GPU)."""
+    incomplete or its window is not steady (not evidence). ``tokens_per_gpu``: the test reads time per token (each
+    step's time over its tokens per GPU)."""
     point_dir = outcome.output_dir(ret)
     res = outcome.complete_results(point_dir) if point_dir else None
-    if not res:
+    if not res or not steady.of_results(res).window_steady:
         return None, str(point_dir) if point_dir else None, None
     measured = results.measured_window(res)
     if measured is None:
@@ -151,6 +159,8 @@ def drive(sweeper: Any, overrides: list) -> list[list[Any]]:
     config = sweeper.config
     sweep_dir = Path(str(config.hydra.sweep.dir))
     arms = [list(p) for batch in BasicSweeper.split_arguments(overrides, None) for p in batch]
+    if not any(overrides_key(o) == "contract.window" for arm in arms for o in arm):  # each run steps until steady
+        arms = [[*arm, f"contract.window={steady.AUTO}"] for arm in arms]
 
     def refused(message: str) -> list[list[Any]]:
         return [[outcome.refuse(sweeper.hydra_context, config, ["repeat=auto"], message)]]
@@ -205,11 +215,18 @@ def drive(sweeper: Any, overrides: list) -> list[list[Any]]:
         points = []
         for i in range(len(arms)):
             runs[i].append(None)
+        unsteady = []
         for i, ret, st_ in zip(order, rets, states):
             run, point_dir, mean = _run_stat(ret, per_gpu[i] if metric == contracts.THROUGHPUT else None)
             runs[i][r] = run
             points.append({"num": num - len(batch) + order.index(i), "arm": labels[i], "dir": point_dir,
                            "state": st_, "mean_ms": mean})
+            judged = _unsteady(ret)
+            if judged is not None:
+                points[-1]["steady"] = judged.as_dict()
+                unsteady.append((i, judged))
+        num, unsteady = _rerun_longer(sweeper, arms, labels, r, unsteady, runs, points, num, per_gpu, metric,
+                                      returns)
         entry: dict[str, Any] = {"round": r + 1, "points": points, "looks": {}}
         record["rounds"].append(entry)
         if any(s == outcome.SUBMITTED for s in states):
@@ -220,6 +237,12 @@ def drive(sweeper: Any, overrides: list) -> list[list[Any]]:
         if "INVALID" in states:
             record["status"] = "refused"
             log.error("repeat=auto: a point of round %d was refused; stopped", r + 1)
+            break
+        if unsteady:
+            i, judged = unsteady[0]
+            record["status"] = "refused: a window is not steady"
+            log.error("repeat=auto: round %d: %s's run is not evidence: %s; stopped", r + 1, labels[i],
+                      judged.describe())
             break
         if all(runs[i][r] is None for i in order):
             record["status"] = "failed"
@@ -253,6 +276,67 @@ def drive(sweeper: Any, overrides: list) -> list[list[Any]]:
     _write(sweep_dir, record, runs, labels)
     _report(record, sweep_dir)
     return returns
+
+
+def overrides_key(o: str) -> str:
+    return o.split("=", 1)[0].lstrip("+~")
+
+
+# contract.window=auto runs that end without a steady segment are run again this many times, each with twice the
+# steps (train.train_iters), before the A/B stops for want of one
+LONGER_RERUNS = 2
+
+
+def _unsteady(ret: Any) -> steady.Judgment | None:
+    """The judgment of a completed point whose window is not steady; None otherwise (steady, or not complete)."""
+    point_dir = outcome.output_dir(ret)
+    res = outcome.complete_results(point_dir) if point_dir else None
+    if not res:
+        return None
+    judged = steady.of_results(res)
+    return None if judged.window_steady else judged
+
+
+def _rerun_longer(sweeper: Any, arms: list[list[str]], labels: list[str], r: int, unsteady: list, runs: list,
+                  points: list, num: int, per_gpu: list, metric: str, returns: list) -> tuple[int, list]:
+    """The round's points whose window is not steady, run again longer rather than judged: a contract.window=auto
+    run that found no steady segment, with twice its steps (train.train_iters; auto's cap is not part of the
+    contract), up to :data:`LONGER_RERUNS` times. (next job number, the points still not steady: those with a
+    declared window, or no steady segment in the longest run)."""
+    for attempt in range(LONGER_RERUNS):
+        again = [i for i, j in unsteady if j.segment is None and f"contract.window={steady.AUTO}" in arms[i]]
+        if not again:
+            break
+        longer = f"train.train_iters={2 ** (attempt + 1) * _cap(arms[again[0]])}"
+        batch = [[*(o for o in arms[i] if overrides_key(o) != "train.train_iters"), f"repeat={r}", longer]
+                 for i in again]
+        log.info("repeat=auto round %d: %s found no steady segment; run again with %s", r + 1,
+                 ", ".join(labels[i] for i in again), longer)
+        rets = list(sweeper._launch(batch, num))
+        returns.append(rets)
+        still = [(i, j) for i, j in unsteady if i not in again]
+        for k, (i, ret) in enumerate(zip(again, rets)):
+            run, point_dir, mean = _run_stat(ret, per_gpu[i] if metric == contracts.THROUGHPUT else None)
+            runs[i][r] = run
+            judged = _unsteady(ret)
+            points.append({"num": num + k, "arm": labels[i], "dir": point_dir, "state": outcome.state_of(ret),
+                           "mean_ms": mean, "longer": longer, **({"steady": judged.as_dict()} if judged else {})})
+            if judged is not None:
+                still.append((i, judged))
+        num += len(batch)
+        unsteady = still
+    return num, unsteady
+
+
+def _cap(arm: list[str]) -> int:
+    """The steps an arm's auto runs may take (its train.train_iters, else auto's own cap)."""
+    from moe_hydra.core.schema import AUTO_MAX_STEPS
+
+    given = [o.split("=", 1)[1] for o in arm if overrides_key(o) == "train.train_iters"]
+    try:
+        return int(given[-1]) if given else AUTO_MAX_STEPS
+    except ValueError:
+        return AUTO_MAX_STEPS
 
 
 def _measure(sweeper: Any, arms: list[list[str]], labels: list[str], common: set[str]

@@ -29,6 +29,7 @@ from moe_hydra.analysis.report import change
 from moe_hydra.core import io, overrides
 from moe_hydra.core.errors import Failed, Refused
 from moe_hydra.core.schema import TUNE_ALLOW, Stage
+from moe_hydra.core.steady import AUTO
 from moe_hydra.launch import compose, directories, experiments
 from moe_hydra.planning import layouts_file, retune
 
@@ -80,10 +81,10 @@ class Tune:
         if unknown:
             problems.append(f"tune.allow names {', '.join(unknown)}; it may name {', '.join(TUNE_ALLOW)} (fix: "
                             f"tune.allow=[{','.join(a for a in cfg.tune.allow if a in TUNE_ALLOW)}])")
-        w = list(cfg.tune.window)
-        if len(w) != 2 or not 1 <= w[0] <= w[1]:
-            problems.append(f"tune.window must be [first, last] steps, 1 <= first <= last (is {w}); fix: "
-                            "tune.window=[4,11]")
+        w = cfg.tune.window
+        if w != AUTO and (isinstance(w, str) or len(w) != 2 or not 1 <= w[0] <= w[1]):
+            problems.append(f"tune.window must be auto or [first, last] steps, 1 <= first <= last (is {w}); fix: "
+                            "tune.window=auto")
         if cfg.stage is not Stage.run:
             problems.append(f"tune measures: it needs stage=run (is stage={cfg.stage.value}); fix: drop stage=")
         if planned["violations"]:
@@ -95,7 +96,12 @@ class Tune:
     @property
     def measured(self) -> list[str]:
         """The run-how overrides with the steady window of the loop's short runs (tune.window)."""
-        return experiments.with_window(self.how, list(self.tcfg.window))
+        return experiments.with_window(self.how, self.window)
+
+    @property
+    def window(self) -> Any:
+        """tune.window: auto, or [first, last]."""
+        return AUTO if self.tcfg.window == AUTO else list(self.tcfg.window)
 
     def _directory(self) -> Path:
         given = [o.split("=", 1)[1] for o in self.args if overrides.key(o) == "hydra.sweep.dir"]
@@ -178,7 +184,7 @@ class Tune:
                    "recompute", "offload", "dispatcher", "overlap.*", "kernels.*"] + \
             [f"{a} (tune.allow)" for a in self.tcfg.allow]
         self._record("contract", frozen=frozen, tunable=tunable, allow=list(self.tcfg.allow), label=p.get("label"),
-                     window=list(self.tcfg.window),
+                     window=self.window,
                      summary=f"frozen {', '.join(f'{k}={v}' for k, v in frozen.items())}; "
                      f"label {p.get('label')}" + (" (benchmark-only: every figure here is a benchmark's)"
                                                    if p.get("label") == "benchmark-only" else ""))
@@ -209,10 +215,14 @@ class Tune:
         done = self._stage("screen")
         if done:
             return done["arm"]
-        first, last = self.tcfg.window
+        if self.window == AUTO:
+            screen = [f"hydra.sweeper.screen_window={AUTO}",
+                      f"hydra.sweeper.screen_warmup={self.cfg.contract.warmup_steps}"]
+        else:
+            first, last = self.window
+            screen = [f"hydra.sweeper.screen_window=[{first},{last}]", f"hydra.sweeper.screen_warmup={first - 1}"]
         e = self.driver.run("scale", [*arm, *self.how, "hydra/sweeper=layout", f"hydra.sweeper.top_k="
-                                      f"{self.tcfg.screen_top_k}", f"hydra.sweeper.screen_window=[{first},{last}]",
-                                      f"hydra.sweeper.screen_warmup={first - 1}"], sweep=True)
+                                      f"{self.tcfg.screen_top_k}", *screen], sweep=True)
         report = layouts_file.read(Path(e.dir) / "layouts.json") or {}
         ranked = [c for c in report.get("candidates") or [] if c.get("rank")]
         tied = [c for c in ranked if c.get("tied")]
@@ -355,15 +365,20 @@ class Tune:
 
     def validate(self, winner: list[str]) -> dict[str, Any]:
         steps = self.tcfg.validate_steps
-        window = f"contract.window=[{steps - 9},{steps}]"
-        e = experiments.ready(self.driver.run("validate", [*winner, *self.how, window]))
+        if self.window == AUTO:  # at least validate_steps steps: auto's steady segment after them all but the last
+            k = self.cfg.contract.steady_steps
+            window = [f"contract.window={AUTO}", f"contract.warmup_steps={max(steps - k, 0)}"]
+        else:
+            window = [f"contract.window=[{steps - 9},{steps}]"]
+        e = experiments.ready(self.driver.run("validate", [*winner, *self.how, *window]))
         accepted, reasons = False, []
         if e.status == "done":
             from moe_hydra.analysis import acceptance, baseline
-            from moe_hydra.analysis.runs import load
+            from moe_hydra.analysis.runs import load, not_compared
 
             loaded = load([experiments.job_dir(e)], lambda m: None)
             reasons, _ = acceptance.accept(loaded.runs, [])
+            reasons = not_compared(loaded) + reasons  # a window that is not steady is no acceptance
             accepted = not reasons and bool(loaded.runs)
             if loaded.runs:  # golden values for moe-hydra regress, accepted or benchmark-only (labelled)
                 run = loaded.runs[0]

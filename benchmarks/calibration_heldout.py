@@ -6,7 +6,8 @@
 2. real runs of configurations the calibration never measured — 4 layers (it measured 1 and 3 a stage), other
    micro-batches, sequences and micro-batches a step — over both models: DP/TP/EP/PP 2, micro-batch 1/2/4/8,
    sequence 128/256/512, alltoall/allgather, recompute none/selective/full; each run ``--runs`` times with a
-   steady window of ``--window`` steps (40 by default: this CPU's steps vary up to 2x) after 15 warm-up steps;
+   steady window of ``--window`` steps (40 by default: this CPU's steps vary up to 2x) after 15 warm-up steps,
+   found by contract.window=auto (the run steps until its step times are steady);
 3. each configuration's plan with the calibration (``stage=plan hardware.calibration=...``) against its mean
    measured step: |ln(predicted/measured)| printed beside its run-to-run noise (|ln| of its two runs' ratio), then
    median, p90 and worst over all; and per group of layouts of one model and batch, whether the measured best is
@@ -98,9 +99,10 @@ def configs(quick: bool, models: list[str]) -> list[tuple[str, str, str, list[st
 
 
 def window_of(window: int) -> list[str]:
-    """A run's steps and window: :data:`WARMUP` steps, then ``window`` judged (a plan predicts that window)."""
-    return [f"contract.warmup_steps={WARMUP}", f"contract.window=[{WARMUP + 1},{WARMUP + window}]",
-            f"train.train_iters={WARMUP + window}"]
+    """A run's steps and window: :data:`WARMUP` steps, then contract.window=auto with a steady segment of ``window``
+    steps (the run steps until its steps are steady; a plan predicts the first such window, the ``window`` steps after
+    the warmup)."""
+    return [f"contract.warmup_steps={WARMUP}", "contract.window=auto", f"contract.steady_steps={window}"]
 
 
 def predict(root: Path, name: str, overrides: list[str], cal: Path, window: int) -> dict:

@@ -12,7 +12,8 @@
 # Steps, each under its own timeout (a step that fails or times out is recorded, the next runs):
 #   env        nvidia-smi, torch / CUDA / package versions
 #   memory     tests/test_memory.py's GPU test: tiny_moe's max_memory_allocated against the estimate
-#   runs       stage=run of tiny_moe (window 21-40) and of Qwen3-30B-A3B cut to 4 layers (seq 1024, GBS 8; window 9-14)
+#   runs       stage=run of tiny_moe (contract.window=auto, 20 steady steps) and of Qwen3-30B-A3B cut to 4 layers
+#              (seq 1024, GBS 8; auto, 10 steady steps)
 #              at MBS 1 and 4, local
 #              spec (no Transformer Engine): results.json with step time, TFLOP/s, the allocator's peak and the
 #              memory phases (after the first step, forward/backward, optimizer step)
@@ -75,11 +76,11 @@ else
   GPU=(hardware=h200_sxm hardware.devices_per_node=1); SLICE_STAGE=stage=run
 fi
 SLICE=(model=qwen3_30b_a3b model.num_layers=4 model.seq_length=1024 train.global_batch_size=8)
-# the measured windows start after the GPU's own warm-up: on the H200 (2026-12-04) a run's steps fell for about six
-# steps (tiny_moe 58 -> 34 ms, the slice at MBS 4 1,444 -> 1,014 ms), so the default window, steps 4-10, measured
-# the warm-up and the calibrated predictions of those runs, held out, read 12-35 % low
-STEADY_TINY=(contract.warmup_steps=20 "contract.window=[21,40]")
-STEADY_SLICE=(contract.warmup_steps=8 "contract.window=[9,14]")
+# the measured windows are found, not declared (contract.window=auto: each run steps until its step times have a
+# steady segment, moe_hydra.core.steady): on the H200 (2026-12-04) a run's steps fell for about six steps, so the
+# declared window of then, steps 4-10, measured the warm-up. The caps bound a run that never settles.
+STEADY_TINY=(contract.window=auto contract.steady_steps=20 train.train_iters=200)
+STEADY_SLICE=(contract.window=auto contract.steady_steps=10 train.train_iters=60)
 step run_tiny_moe 600 "$PY" -m moe_hydra stage=run "${GPU[@]}" "${LOCAL[@]}" "${STEADY_TINY[@]}" \
   "hydra.run.dir=$OUT/runs/tiny_moe"
 for mbs in 1 4; do

@@ -373,7 +373,8 @@ def new_rows_term(rows: dict[str, Any] | None, r: Any, seconds: float) -> dict[s
     """What a step of plan ``r`` spends on expert row counts it meets for the first time (``seconds``: the step
     without it), from a calibration's ``expert_rows`` (:func:`moe_hydra.job.calibrate.expert_rows`): the cost of one
     row count's kernels, measured at the plan's expert width, times :func:`new_row_counts` in the run's window
-    (``contract.window``) on the slowest of its ranks (up to :data:`RANKS_SIMULATED`), each holding its most loaded
+    (``Resolved.window``: the declared one, or auto's first) on the slowest of its ranks (up to
+    :data:`RANKS_SIMULATED`), each holding its most loaded
     stage's MoE layers x its local experts, each expert's rows a micro-batch its share of the tokens of its EP x ETP
     group (a rank's: the micro-batch over TP with sequence parallelism, over CP). None for a dense model or a
     calibration without the measurement; 0 when even every row count new every step would stay under
@@ -391,11 +392,11 @@ def new_rows_term(rows: dict[str, Any] | None, r: Any, seconds: float) -> dict[s
     tokens = b.micro_batch_size * b.seq_length / ((lo.tp if lo.sp else 1) * lo.cp)  # a rank's, a micro-batch
     share = a.topk / a.experts
     routing, capacity = rows["routing"], rows.get("cache_row_counts")
-    new = new_row_counts(pairs, tokens * lo.ep * lo.etp * share, share, draws, tuple(r.cfg.contract.window),
+    new = new_row_counts(pairs, tokens * lo.ep * lo.etp * share, share, draws, r.window,
                          min(lo.world_size, RANKS_SIMULATED), round(routing["overdispersion"], 3),
                          round(routing["centers_cv"], 3), capacity)
     return {**out, "seconds": cost * new, "new_per_step": new, "experts_per_rank": pairs,
-            "window": list(r.cfg.contract.window)}
+            "window": list(r.window)}
 
 
 def scaled_from(fitted: list[dict[str, Any]], layout: dict[str, Any]) -> dict[str, Any] | None:

@@ -145,6 +145,15 @@ class Resolved:
         return replace(self, cfg=replace(self.cfg, **nodes))
 
     @property
+    def window(self) -> tuple[int, int]:
+        """The steady window the plan predicts: ``contract.window``, or for ``contract.window=auto`` the first the
+        job can measure (the ``contract.steady_steps`` steps after the warmup; a longer warm-up moves it later)."""
+        k = self.cfg.contract
+        if k.window == AUTO:
+            return k.warmup_steps + 1, k.warmup_steps + k.steady_steps
+        return int(k.window[0]), int(k.window[-1])
+
+    @property
     def experts_per_rank(self) -> int:
         """Routed experts on each expert-parallel rank (Megatron's ``num_local_experts``)."""
         return self.arch.experts // self.layout.ep if self.arch and self.arch.experts else 0

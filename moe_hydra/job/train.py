@@ -518,7 +518,8 @@ class Job:
                 if step % t.log_interval == 0 or step == iters:
                     progress.log(metrics.log_line(rec, batch.tokens_per_step, self.world, self.plan["flops_per_token"],
                                                   peak, rec.memory_gib))
-            first, last = self.measured or (cfg.contract.warmup_steps + 1, iters)
+            # the window's steps, or under auto every step after the warmup (its window is found as it goes)
+            first, last = (cfg.contract.warmup_steps + 1, iters) if auto else self.measured
             if every_ref and first <= step <= last and (step - first) % every_ref == 0:
                 self.reference.read()  # every rank, after the same steps
             ends[step] = time.perf_counter()

@@ -21,8 +21,10 @@ from tests.conftest import run_cli
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("baseline")
-    # 27 steady steps, so that the verdicts below rest on a window, not on a few steps the suite's load may stall
-    r = run_cli(f"hydra.run.dir={root}/run", "logger=none", "train.train_iters=30", "contract.window=[4,30]", cwd=root)
+    # 20 steady steps (found by contract.window=auto), so that the verdicts below rest on a window, not on a few steps
+    # the suite's load may stall
+    r = run_cli(f"hydra.run.dir={root}/run", "logger=none", "contract.window=auto", "contract.steady_steps=20",
+                cwd=root)
     assert r.returncode == 0, r.stderr[-2000:]
     return root / "run"
 
@@ -73,9 +75,15 @@ def test_a_slower_run_regresses_with_exit_3(run_dir, tmp_path):
     """Twice as slow is well beyond the CPU preset's 35 % run-to-run floor; what the test can resolve depends on the
     baseline's own spread. Under the suite's load one stalled step makes a 27-step window's coefficient of variation
     about 1 (CI: 103 ms, 95 % CI [62, 145]), and then even a doubling is undecided ([+11 %, +189 %]): correctly so.
-    The baseline here is the run with its stalls clipped at its median step (its calm steps as measured), and the
-    slower run that copy with every step doubled."""
-    calm = variant(run_dir, tmp_path, "calm", step_times_ms=lambda ts: [min(t, statistics.median(ts)) for t in ts])
+    The baseline here is the run with its window's stalls (steps over 1.5x the window's median) clipped at that
+    median (its calm steps as measured), and the slower run that copy with every step doubled."""
+    first, last = results(run_dir)["window_measured"]
+
+    def clipped(ts: list[float]) -> list[float]:
+        median = statistics.median(ts[first - 1:last])
+        return [min(t, median) if first <= i <= last and t > 1.5 * median else t for i, t in enumerate(ts, 1)]
+
+    calm = variant(run_dir, tmp_path, "calm", step_times_ms=clipped)
     slow = variant(calm, tmp_path, "slow", step_times_ms=lambda ts: [t * 2 for t in ts])
     r = against(golden(calm, tmp_path), slow)
     assert r.returncode == EXIT_REGRESSED, r.stdout + r.stderr

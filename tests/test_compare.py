@@ -141,7 +141,7 @@ def test_diff_orders_the_first_differing_knob_first_and_names_the_walls(tmp_path
     a = fake_run(tmp_path, "a", noisy(100, 23, rng), dispatcher="alltoall", swept=(), host_time_ms=None)
     b = fake_run(tmp_path, "b", noisy(150, 23, rng), dispatcher="allgather", seq=256, swept=(),
                  peak_memory_gib={"rss": 0.9})
-    report = diagnosis.diagnose(*load_runs([a, b], print).runs, print)
+    report = diagnosis.diagnose(*load_runs([a, b], print, need_steady=False).runs, print)
     assert [k for k, _, _ in report["config"]][:2] == ["dispatcher.name", "train.seq_length"]
     assert report["walls"]["memory"].startswith("moved") and report["walls"]["communication"].startswith("unknown")
     assert report["walls"]["compute"].startswith("unknown")  # no device time on a CPU
@@ -163,7 +163,7 @@ def test_diff_states_what_changes_the_reading_and_reads_each_figure_against_the_
         res = json.loads((d / "results.json").read_text())
         res["contract"]["hardware"] = {"run_to_run_noise": 0.2}
         (d / "results.json").write_text(json.dumps(res))
-    report = diagnosis.diagnose(*load_runs([a, b], print).runs, print)
+    report = diagnosis.diagnose(*load_runs([a, b], print, need_steady=False).runs, print)
     assert report["config"] == []
     reading = {what: (va, vb) for what, va, vb, _ in report["reading"]}
     assert reading["steps"] == (10, 15) and list(map(list, reading["window measured"])) == [[4, 10], [4, 15]]
@@ -187,7 +187,7 @@ def test_diff_of_runs_that_train_different_work_judges_time_per_token(tmp_path):
         res["contract"]["train"].update(global_batch_size=8, micro_batch_size=4)
         res["contract"]["hardware"] = {"nodes": 1, "devices_per_node": 1, "run_to_run_noise": 0.02}
         (d / "results.json").write_text(json.dumps(res))
-    report = diagnosis.diagnose(*load_runs([a, b], print).runs, print)
+    report = diagnosis.diagnose(*load_runs([a, b], print, need_steady=False).runs, print)
     assert report["metric"] == contract.THROUGHPUT and report["unlike"] is None  # seq_length is a work key
     assert report["step_time"]["verdict"] == FASTER  # per token: 0.75 of the time
     assert any(what == "tokens a step per GPU" for what, *_ in report["reading"])

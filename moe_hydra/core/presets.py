@@ -18,11 +18,32 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
-from moe_hydra.core.schema import Config, conf_dir
+from moe_hydra.core.schema import Config, conf_dir, last_step
 
 UNKNOWN = object()
 _PACKAGE = re.compile(r"^#\s*@package\s+(\S+)")
 _REF = re.compile(r"^\$\{(\.?)([\w.]+?)(?:\[(\d+)\])?\}$")
+# the schema's resolvers an interpolation of one key may call, by name
+_RESOLVERS = {"moe_hydra.last_step": last_step}
+_CALL = re.compile(r"^\$\{([\w.]+):(\$\{[^{}]+\})\}$")
+
+
+def reference(v: str) -> tuple[bool, str, int | None, Any] | None:
+    """An interpolation of one key: (relative, the key, an index or None, the function applied to the value, e.g.
+    :func:`moe_hydra.core.schema.last_step` for ``${moe_hydra.last_step:${contract.window}}``); None for anything
+    else."""
+    fn = None
+    call = _CALL.match(v.strip())
+    if call:
+        fn = _RESOLVERS.get(call.group(1))
+        if fn is None:
+            return None
+        v = call.group(2)
+    m = _REF.match(v.strip())
+    if not m:
+        return None
+    relative, target, index = m.groups()
+    return bool(relative), target, None if index is None else int(index), fn or (lambda x: x)
 
 
 @functools.cache
@@ -120,7 +141,7 @@ def schema_defaults() -> dict[str, Any]:
 def chosen(cfg: Config, path: str, *, own: bool = False) -> Any:
     """The value ``path`` has from the presets the typed config ``cfg`` was composed from, over the schema's
     defaults: each group's option is its node's ``name`` (what the mesh groups, an experiment and a site
-    configuration set is not recorded in ``cfg``, so not read). An interpolation (``${contract.window[1]}``) is read
+    configuration set is not recorded in ``cfg``, so not read). An interpolation of one key (:func:`reference`) is read
     from ``cfg``, or with ``own`` from the presets' value of the key it names. :data:`UNKNOWN` when nothing sets it
     or the interpolation cannot be read."""
     found = schema_defaults().get(path, UNKNOWN)
@@ -142,13 +163,13 @@ def _sets(group: str, path: str) -> bool:
 def _read(cfg: Config, path: str, v: Any, own: bool) -> Any:
     if not isinstance(v, str) or "${" not in v:
         return v
-    m = _REF.match(v.strip())
-    if not m:
+    ref = reference(v)
+    if ref is None:
         return UNKNOWN
-    relative, target, index = m.groups()
+    relative, target, index, fn = ref
     target = f"{path.rsplit('.', 1)[0]}.{target}" if relative else target
     try:
         x = chosen(cfg, target, own=True) if own else attrgetter(target)(cfg)
-        return x if index is None else x[int(index)]
+        return fn(x if index is None else x[index])
     except (AttributeError, TypeError, IndexError, KeyError):
         return UNKNOWN

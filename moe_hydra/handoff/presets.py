@@ -6,7 +6,8 @@ and which of the keys it derived from the flags the chosen presets already set (
 read ``conf/<group>/<option>.yaml`` as written — its ``# @package`` placement, its values — over the schema's
 defaults, in the order of ``conf/config.yaml``'s defaults list, which is what Hydra composes for presets without
 defaults lists of their own. Interpolations resolve when they name one key (``${model.seq_length}``,
-``${.devices_per_node}``, ``${contract.window[1]}``); anything else counts as unknown, and an unknown value is never
+``${.devices_per_node}``, ``${moe_hydra.last_step:${contract.window}}``: :func:`moe_hydra.core.presets.reference`);
+anything else counts as unknown, and an unknown value is never
 taken as equal. A site configuration (``MOE_HYDRA_SITE``) or an experiment can set any key: with either, nothing is
 left out.
 
@@ -17,14 +18,12 @@ Pure: the standard library, omegaconf (YAML), moe_hydra.core.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from moe_hydra.core.presets import UNKNOWN, defaults, options, preset, schema_defaults
+from moe_hydra.core.presets import UNKNOWN, defaults, options, preset, reference, schema_defaults
 from moe_hydra.core.schema import site_dir
 
 __all__ = ["UNKNOWN", "defaults", "literal", "mismatches", "options", "preset", "same", "schema_defaults"]
-_REF = re.compile(r"^\$\{(\.?)([\w.]+?)(?:\[(\d+)\])?\}$")
 
 
 def literal(choices: dict[str, str | None], key_overrides: list[tuple[str, Any]]) -> dict[str, Any] | None:
@@ -48,20 +47,20 @@ def literal(choices: dict[str, str | None], key_overrides: list[tuple[str, Any]]
 def _resolve(base: dict[str, Any], key: str, v: Any, depth: int = 0) -> Any:
     if not isinstance(v, str) or "${" not in v:
         return v
-    m = _REF.match(v.strip())
-    if not m or depth > 8:
+    ref = reference(v)
+    if ref is None or depth > 8:
         return UNKNOWN
-    relative, path, index = m.groups()
+    relative, path, index, fn = ref
     target = f"{key.rsplit('.', 1)[0]}.{path}" if relative else path
     if target not in base:
         return UNKNOWN
     x = _resolve(base, target, base[target], depth + 1)
-    if index is not None:
-        try:
-            return x[int(index)]
-        except (TypeError, IndexError, KeyError):
-            return UNKNOWN
-    return x
+    if x is UNKNOWN:
+        return UNKNOWN
+    try:
+        return fn(x if index is None else x[index])
+    except (TypeError, IndexError, KeyError):
+        return UNKNOWN
 
 
 def same(a: Any, b: Any) -> bool:

@@ -105,6 +105,7 @@ def cases() -> list[Case]:
 
     dir_arg("compare", "DIR", lambda p, root: [str(p), "--out", str(root / "out")])
     dir_arg("accept", "DIR", lambda p, root: [str(p)])
+    dir_arg("steady", "DIR", lambda p, root: [str(p)])
     dir_arg("noise", "DIR", lambda p, root: [str(p), "--out", str(root / "out" / "noise.json")])
     dir_arg("diff", "RUN", lambda p, root: [str(p), str(p)])
     dir_arg("export", "DIR", lambda p, root: ["megatron-lm", str(p)])
@@ -155,7 +156,7 @@ def _spoil(case: Case, root: Path) -> tuple[Path, Path]:
     if case.inner == "results.json":
         run = _run_dir(root)
         make(run / "results.json", case.kind)
-        return run.parent if case.command in ("compare", "accept", "noise") else run, run / "results.json"
+        return run.parent if case.command in ("compare", "accept", "noise", "steady") else run, run / "results.json"
     if case.inner == "sweep.json":
         sweep = root / "sweep"
         if case.kind == "no overrides":

@@ -114,7 +114,7 @@ def test_bisect_names_the_deeper_model_among_six_units(tmp_path):
     optimizer, init and logging keys: reproduced, then ddmin's first half holds it, then that half's first half, then
     its first unit, and it is named alone with its share of the regression and the compute wall. A culprit this large decides in a round or two on
     these noisy cores (full recompute at micro-batch 4, about +12 % here, needs most of bisect.max_repeats)."""
-    r, j = _bisect(tmp_path, [*QUICK, "model.num_layers=4", *NEUTRAL], "bisect.max_repeats=8", "bisect.window=[3,6]")
+    r, j = _bisect(tmp_path, [*QUICK, "model.num_layers=4", *NEUTRAL], "bisect.max_repeats=8", "contract.steady_steps=5")
     assert j["bisect_version"] == 1 and j["reproduce"]["verdict"] == "slower", j["reproduce"]
     assert j["status"] == "found" and [u["overrides"] for u in j["culprit"]] == [["model.num_layers=4"]], j["trials"]
     assert not j["interaction"] and 0 < j["share"]["rel_step_time"] and j["share"]["of_regression"] > 0.5
@@ -143,7 +143,7 @@ def test_two_units_slow_only_together_are_named_as_the_pair(tmp_path):
     Only the pair differs: a neutral third unit would add a trial of the pair without it whose A/B these noisy cores
     can leave undecided, keeping the third unit in the culprit (CI saw it; the six-unit test drops neutral units)."""
     pair = ["overlap.bucket_size=1", "overlap.overlap_grad_reduce=true"]
-    r, j = _bisect(tmp_path, [*QUICK, *pair], "bisect.max_repeats=8", "bisect.window=[3,8]",
+    r, j = _bisect(tmp_path, [*QUICK, *pair], "bisect.max_repeats=8", "contract.steady_steps=5",
                    "bisect.profile=false")
     assert j["reproduce"]["verdict"] == "slower" and j["status"] in ("found", "not_minimal"), j["reproduce"]
     assert j["interaction"] and sorted(o for u in j["culprit"] for o in u["overrides"]) == pair, j["trials"]
@@ -165,7 +165,7 @@ def test_two_units_slow_only_together_are_named_as_the_pair(tmp_path):
 def test_a_difference_that_is_only_noise_is_not_reproduced(tmp_path):
     """A logging interval changes nothing measurable: bad against good is not slower (at compare.alpha 1 %, a false
     "slower" comes once in 200 runs), and the bisect stops there."""
-    r, j = _bisect(tmp_path, [*QUICK, "train.log_interval=2"], "bisect.max_repeats=2", "bisect.window=[2,5]",
+    r, j = _bisect(tmp_path, [*QUICK, "train.log_interval=2"], "bisect.max_repeats=2", "contract.steady_steps=5",
                    "compare.alpha=0.01")
     assert j["status"] == "not_reproduced" and j["reproduce"]["verdict"] != "slower" and not j["trials"], j
     assert "not reproduced" in r.stdout and (tmp_path / "bi" / "bisect.md").exists()

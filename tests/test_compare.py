@@ -196,7 +196,7 @@ def test_diff_of_runs_that_train_different_work_judges_time_per_token(tmp_path):
 @pytest.mark.slow
 @pytest.mark.serial
 def test_real_runs_a_known_effect_is_detected(cli, tmp_path):
-    r = cli("logger=none", "model.num_layers=2,8", "contract.window=[4,13]", "-m", timeout=600)
+    r = cli("logger=none", "model.num_layers=2,8", "contract.window=auto", "-m", timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     (comp,) = compare.compare(load_runs([tmp_path / "multi"], print).runs)
     (effect,) = comp.effects.values()
@@ -229,7 +229,7 @@ def test_one_run_arms_count_only_beyond_the_run_to_run_noise(tmp_path):
 def test_real_runs_a_a_repeats_are_not_called_different(cli, tmp_path):
     """Three runs of one config: not different beyond the declared floor, nor against the noise measured on them
     (python -m moe_hydra.noise; compare --noise: source measured in compare.json)."""
-    r = cli("logger=none", "repeat=0,1,2", "contract.window=[4,13]", "-m", timeout=600)
+    r = cli("logger=none", "repeat=0,1,2", "contract.window=auto", "-m", timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     (comp,) = compare.compare(load_runs([tmp_path / "multi"], print).runs, ["repeat"])
     assert len(comp.effects) == 2

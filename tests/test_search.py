@@ -10,6 +10,7 @@ import math
 import os
 import random
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -455,14 +456,20 @@ def test_screening_measures_the_top_layouts_on_this_machine(cli, tmp_path):
     assert len(tied) == report["tied"] >= 2 and len(arms) == min(report["tied"], 3)
     assert [a["layout"] for a in sorted(arms, key=lambda a: a["predicted_rank"])] == [c["layout"] for c in tied[:3]]
     assert sorted(a["measured_rank"] for a in arms) == list(range(1, len(arms) + 1))
-    for a in arms:
-        assert len(a["samples_ms"]) == 8 and a["ci_ms"][0] < a["step_ms"] < a["ci_ms"][1]
+    windows = {}
+    for a in arms:  # each measured the window it found steady (the screening's contract.window=auto)
+        res = json.loads((Path(a["dir"]) / "results.json").read_text())
+        windows[a["layout"]] = first_, last_ = res["window_measured"]
+        assert res["window_declared"] == "auto" and res["steady"]["window_steady"] is True, res["steady"]
+        assert len(a["samples_ms"]) == last_ - first_ + 1 >= 10 and a["ci_ms"][0] < a["step_ms"] < a["ci_ms"][1]
     best = next(a for a in arms if a["measured_rank"] == 1)
-    assert best["tie_with_best"] and "contract.window=[4,53]" in report["screening"]["validate"]["command"]
+    assert best["tie_with_best"] and "contract.window=auto contract.warmup_steps=30" in \
+        report["screening"]["validate"]["command"]
     assert "screening: measured steady step time" in r.stdout and "validate" in r.stdout
     # profile_top=1: the first screened layout is profiled after its window, and the table says where its step goes
     first = min(arms, key=lambda a: a["predicted_rank"])
-    assert first["profile"]["steps"] == [12, 16] and first["profile"]["compute_ms"] > 0
+    after = windows[first["layout"]][1]
+    assert first["profile"]["steps"] == [after + 1, after + 5] and first["profile"]["compute_ms"] > 0
     assert [a for a in arms if a.get("profile")] == [first] and "walls per profiled step" in r.stdout
     hashes = {json.loads((tmp_path / "multi" / str(i) / "results.json").read_text())["contract_hash"]
               for i in range(len(arms))}

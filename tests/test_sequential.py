@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from moe_hydra.core import contract, stats
+from moe_hydra.core import contract, stats, steady
+from moe_hydra.core.schema import AUTO_MAX_STEPS
 from moe_hydra.launch import outcome, sequential
 from tests.test_compare import fake_run
 
@@ -124,7 +125,7 @@ class FakeSweeper:
     'runs' at once: a results.json of steps drawn for its arm (``means``: arm value -> mean step ms)."""
 
     def __init__(self, tmp: Path, means: dict[str, float], sd_run: float, seed: int = 0, detach: bool = False,
-                 works: dict | None = None, **compare):
+                 works: dict | None = None, unsettled: bool = False, **compare):
         self.sweep_dir = tmp / "sweep"
         self.config = OmegaConf.create({"stage": "run", "hydra": {"sweep": {"dir": str(self.sweep_dir)}},
                                         "contract": {"window": [4, 23]}, "hardware": {"run_to_run_noise": 0.2},
@@ -135,6 +136,7 @@ class FakeSweeper:
         self.rng = np.random.default_rng(seed)
         self.batches: list[tuple[int, list[list[str]]]] = []
         self.works = works or {}  # arm -> the work of its step (what the points sweeper resolves); none: unknown
+        self.unsettled = unsettled  # a point without train.train_iters never settles (its steps fall throughout)
 
     def work(self, point):
         return next((self.works[o] for o in point if o in self.works), None)
@@ -150,7 +152,14 @@ class FakeSweeper:
                 continue
             arm = next(o for o in point if o in self.means)
             mean = self.means[arm] * (1 + self.rng.normal(0, self.sd_run))
-            fake_run(self.sweep_dir, str(num), list(mean * (1 + self.rng.normal(0, 0.03, 23))))
+            times = mean * (1 + self.rng.normal(0, 0.03, 23))
+            if self.unsettled and not any(o.startswith("train.train_iters=") for o in point):
+                times = times * (1 + np.linspace(1, 0.3, 23))  # twice as slow at first, still falling at the end
+            window = [4, 23]
+            if "contract.window=auto" in point:  # as the job does: the segment it stops on, else its last steps
+                judged = steady.judge(list(times), steady_steps=10)
+                window = list(judged.segment) if steady.settled(judged) else [14, 23]
+            fake_run(self.sweep_dir, str(num), list(times), window=window)
             rets.append(outcome.job_return(point, "COMPLETED", None, str(d)))
         return rets
 
@@ -176,6 +185,33 @@ def test_drive_runs_rounds_until_a_verdict_and_writes_sequential_json(tmp_path):
     assert rec["design"]["margin"] == stats.EQUIVALENCE and "declared" in rec["design"]["margin_source"]
     last = rec["rounds"][-1]["looks"]["dispatcher=allgather"]
     assert last["verdict"] == stats.SLOWER and last["ci_low"] > 0 and last["bound"] > 0
+
+
+def test_a_run_that_never_settles_is_run_again_longer_not_judged(tmp_path):
+    """repeat=auto gives every run contract.window=auto; a run that found no steady segment is run again with twice
+    the steps, and the verdict rests on the longer runs alone."""
+    s = FakeSweeper(tmp_path, {"dispatcher=alltoall": 100.0, "dispatcher=allgather": 120.0}, sd_run=0.02,
+                    unsettled=True)
+    sequential.drive(s, _overrides("dispatcher=alltoall,allgather"))
+    rec = json.loads((s.sweep_dir / sequential.SEQUENTIAL_FILE).read_text())
+    assert rec["status"] == "decided" and rec["verdict"] == stats.SLOWER, rec
+    first, again = s.batches[0][1], s.batches[1][1]
+    assert all("contract.window=auto" in p for p in first) and not any("train.train_iters" in o for p in first for o in p)
+    assert all(p[-1] == f"train.train_iters={2 * AUTO_MAX_STEPS}" and "repeat=0" in p for p in again)
+    points = rec["rounds"][0]["points"]
+    assert [p.get("longer") is not None for p in points] == [False, False, True, True]
+    assert all(p["steady"]["window_steady"] is False and p["mean_ms"] is None for p in points[:2])
+    assert all("steady" not in p and p["mean_ms"] > 90 for p in points[2:])
+    assert rec["runs_used"] == {a: len(rec["rounds"]) for a in rec["arms"]}  # a round's unsettled run is not one
+
+
+def test_a_declared_window_that_is_not_steady_stops_the_ab(tmp_path):
+    s = FakeSweeper(tmp_path, {"dispatcher=alltoall": 100.0, "dispatcher=allgather": 120.0}, sd_run=0.02,
+                    unsettled=True)
+    sequential.drive(s, _overrides("dispatcher=alltoall,allgather", "contract.window=[4,23]"))
+    rec = json.loads((s.sweep_dir / sequential.SEQUENTIAL_FILE).read_text())
+    assert rec["status"] == "refused: a window is not steady" and len(s.batches) == 1, rec
+    assert rec["rounds"][0]["points"][0]["steady"]["window_steady"] is False
 
 
 def test_drive_with_a_measured_noise_looks_after_round_one_and_declares_equivalence(tmp_path):
@@ -300,8 +336,7 @@ def test_real_runs_repeat_auto_detects_a_deeper_model(tmp_path):
     test looks from the first round."""
     (tmp_path / "noise.json").write_text(json.dumps({"source": "measured", "run_to_run_noise": 0.10, "df": 10,
                                                      "runs": 11, "step_noise": 0.10}))
-    r = run_auto(tmp_path, "logger=none", "contract.warmup_steps=1", "contract.window=[2,6]",
-                 "model.num_layers=1,8", "repeat=auto", "compare.max_repeats=4",
+    r = run_auto(tmp_path, "logger=none", "contract.steady_steps=5", "model.num_layers=1,8", "repeat=auto", "compare.max_repeats=4",
                  f"compare.noise_file={tmp_path / 'noise.json'}")
     assert r.returncode == 0, r.stderr[-3000:]
     rec = json.loads((tmp_path / "multi" / sequential.SEQUENTIAL_FILE).read_text())
@@ -312,3 +347,8 @@ def test_real_runs_repeat_auto_detects_a_deeper_model(tmp_path):
     assert sorted(int(p.name) for p in (tmp_path / "multi").iterdir() if p.name.isdigit()) == \
         list(range(2 * len(rec["rounds"])))
     assert "repeat=auto: decided" in r.stdout
+    # every run measured a window it found steady (repeat=auto's default, contract.window=auto)
+    for p in (tmp_path / "multi").iterdir():
+        if p.name.isdigit():
+            res = json.loads((p / "results.json").read_text())
+            assert res["window_declared"] == "auto" and res["steady"]["window_steady"] is True, res["steady"]

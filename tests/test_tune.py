@@ -155,7 +155,7 @@ def test_a_tune_logs_to_one_wandb_group(tmp_path):
 
 def _tune(d: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "moe_hydra.tune", *POOR, "tune.max_trials=2", "tune.max_repeats=4",
-                             "tune.screen_top_k=2", "tune.window=[3,7]", f"hydra.sweep.dir={d}"],
+                             "tune.screen_top_k=2", "contract.steady_steps=5", f"hydra.sweep.dir={d}"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "WANDB_MODE": "offline"})
 

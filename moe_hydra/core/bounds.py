@@ -159,7 +159,7 @@ DOMAINS: dict[str, tuple[float, float]] = {
 LIST_DOMAINS: dict[str, tuple[tuple[int, int], int | None]] = {
     "model.window_size": ((-1, 16 * M), 2),  # [left, right]; -1: unbounded
     "parallel.hierarchical_context_parallel_sizes": (SIZE, None),
-    "contract.window": ((1, MAX_STEPS), None),  # [first, last] measured step, 1-based (how they relate: C01)
+    "contract.window": ((1, MAX_STEPS), 2),  # [first, last] measured step, 1-based (how they relate: C01)
     "profile.steps": ((1, MAX_STEPS), None),  # [first, last] profiled step (how they relate: C02)
     "tune.window": ((1, MAX_STEPS), 2),  # [first, last] steady step of tune's short runs
     "bisect.window": ((1, MAX_STEPS), 2),  # [first, last] steady step of bisect's runs

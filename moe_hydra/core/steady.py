@@ -24,6 +24,8 @@ manner of Barrett et al., "Virtual Machine Warmup Blows Hot and Cold" (OOPSLA 20
 7. **Window.** A window is steady when it lies inside the steady segment; one that reaches before it (into a
    warm-up or an earlier level) or that has no segment is not, and the judgment says which window would be
    (``suggested_window``: the segment).
+8. **Auto.** ``contract.window=auto`` stops on a judgment whose steady segment is also at least half of the steps
+   judged, after at least :data:`AUTO_HISTORY` x ``steady_steps`` of them (:func:`settled`).
 
 :data:`PENALTY`, :data:`TOLERANCE` and the outlier rule were set on synthetic series with known truth
 (``benchmarks/steady_state.py``: flat, warm-ups of 0-200 steps, shifts, drift, stalls, noise 1-20 %), then checked on
@@ -45,6 +47,7 @@ CLASSES = (FLAT, WARMUP, SLOWDOWN, NO_STEADY_STATE)
 AUTO = "auto"  # contract.window=auto: the job steps until the series has a steady segment of contract.steady_steps
 
 STEADY_STEPS = 10  # contract.steady_steps' default: the shortest last level that counts as steady
+AUTO_HISTORY = 2  # contract.window=auto judges at least this many x steady_steps steps before it stops (settled())
 MIN_SIZE = 3  # the shortest segment the search places
 PENALTY = 4.0  # x sigma^2 x ln(n): the cost of one more changepoint (2 is the BIC's; more: fewer false changes)
 TOLERANCE = 0.01  # levels whose means differ by less (relative) are one level
@@ -295,6 +298,26 @@ def judge(times_ms: Sequence[float], *, warmup_steps: int = 0, window: Sequence[
         steady = bool(segment and segment[0] <= win[0] and win[1] <= segment[1])
     return Judgment(kind, segment, tuple(s + step for s, _ in levels[1:]), shown, mean_ms, noise,
                     tuple(i + step for i in out), (step, w0 + n), steady_steps, win, steady)
+
+
+def settled(j: Judgment) -> bool:
+    """Whether ``contract.window=auto`` stops on judgment ``j`` of the steps so far: a steady segment that is at
+    least half of the steps judged (MSER's rule for a truncation point: in the first half of the series, else the
+    run is too short to tell), after at least :data:`AUTO_HISTORY` x ``steady_steps`` steps judged. A segment of
+    ``steady_steps`` alone is not enough: a warm-up's plateau looks steady until the next fall (this CPU's tiny
+    model: 50-57 ms for its first 10-15 steps, then 39, then 36; benchmarks/steady_state.py)."""
+    if j.segment is None or j.judged is None:
+        return False
+    judged = j.judged[1] - j.judged[0] + 1
+    length = j.segment[1] - j.segment[0] + 1
+    return judged >= AUTO_HISTORY * j.steady_steps and 2 * length >= judged
+
+
+def validation(steps: int, steady_steps: int = STEADY_STEPS) -> list[str]:
+    """The overrides of a validation run of at least ``steps`` steps (the acceptance gate's 50): ``contract.window=auto``
+    after the warmup that leaves it the history :func:`settled` needs, so its window is the first steady segment it
+    can stop on after that many steps."""
+    return [f"contract.window={AUTO}", f"contract.warmup_steps={max(steps - AUTO_HISTORY * steady_steps, 0)}"]
 
 
 def of_results(results: dict[str, Any], steady_steps: int | None = None) -> Judgment:

@@ -1,10 +1,11 @@
 """``contract.window=auto`` on every rank: step until the step times have a steady segment, then measure it.
 
-After each step from ``contract.warmup_steps + contract.steady_steps`` on, rank 0 judges the step times so far
+After each step from ``contract.warmup_steps + 2 x contract.steady_steps`` on, rank 0 judges the step times so far
 (:func:`moe_hydra.core.steady.judge`: every rank holds the same times, the slowest rank's, but one decides) and
-broadcasts whether it found a steady segment of ``contract.steady_steps`` steps after the last change of level, and
-where; every rank follows, so none waits on another. The window measured is that segment. A run that reaches
-``train.train_iters`` without one measures its last ``steady_steps`` steps, and its judgment says it found none.
+broadcasts whether it found the steady segment it stops on (:func:`moe_hydra.core.steady.settled`: at least
+``steady_steps`` steps after the last change of level, and at least half of the steps judged), and where; every rank
+follows, so none waits on another. The window measured is that segment. A run that reaches ``train.train_iters``
+without one measures its last ``steady_steps`` steps, and its judgment says it found none.
 
 The judging is rank 0's and outside the timed steps; its seconds (with the broadcast) are recorded
 (``results.json``: ``steady.seconds``).
@@ -31,7 +32,7 @@ class AutoWindow:
         """After the step ``len(times_ms)`` on every rank: whether the steady segment is found now (then
         :attr:`found`). The same steps on every rank call it (a broadcast)."""
         step = len(times_ms)
-        if self.found is not None or step < self.warmup_steps + self.steady_steps:
+        if self.found is not None or step < self.warmup_steps + steady.AUTO_HISTORY * self.steady_steps:
             return False
         import torch
         import torch.distributed as dist
@@ -40,7 +41,7 @@ class AutoWindow:
         decision = torch.zeros(3, dtype=torch.int64, device=self.device)
         if self.rank == 0:
             j = steady.judge(times_ms, warmup_steps=self.warmup_steps, steady_steps=self.steady_steps)
-            if j.segment is not None:
+            if steady.settled(j):
                 decision[:] = torch.tensor([1, *j.segment], dtype=torch.int64)
         dist.broadcast(decision, src=0)
         found, first, last = (int(x) for x in decision.tolist())

@@ -71,6 +71,11 @@ def finish(run: Any, results: dict[str, Any], out_dir: Path, logger_cfg: Any) ->
         router = results.get("router")
         if router:
             run.summary.update({f"router/imbalance_layer_{x['layer']}": x["imbalance"] for x in router["layers"]})
+        if results.get("window_declared") == "auto" and results.get("step_time_ms") is not None:
+            # the window was found at the end: its means, as a declared window's steady/* summaries are
+            run.summary.update({"steady/step_ms": results["step_time_ms"],
+                                "steady/tokens_per_s_per_gpu": results.get("tokens_per_s_per_gpu"),
+                                "steady/tflops_per_gpu": results.get("tflops_per_gpu")})
         judged = results.get("steady")
         if judged:  # the judgment of the run's step times (moe_hydra.core.steady)
             segment, window = judged.get("segment") or [None, None], results.get("window_measured") or [None, None]

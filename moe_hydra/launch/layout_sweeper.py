@@ -225,21 +225,20 @@ class LayoutSweeperImpl(Sweeper):
             job_dir = outcome.output_dir(ret)
             arms.append(_arm(c, outcome.complete_results(job_dir) if job_dir else None, job_dir))
         table = rank_measured(arms, cfg.hardware.run_to_run_noise)
-        conclude(table, base, self.screen_warmup, self.validate_steps, sweep_dir)
+        conclude(table, base, self.validate_steps, sweep_dir)
         return table, returns
 
 
-def conclude(table: dict, base: list[str], screen_warmup: int, validate_steps: int, sweep_dir: Path) -> None:
+def conclude(table: dict, base: list[str], validate_steps: int, sweep_dir: Path) -> None:
     """Print the screening table and the command that validates the fastest layout; write screening.md."""
     console = io.console()
     console.print(render_screening(table))
     best = next((a for a in table["arms"] if a["measured_rank"] == 1), None)
     if best:
-        validate = [*base, *best["overrides"], f"contract.warmup_steps={screen_warmup}",
-                    f"contract.window=[{screen_warmup + 1},{screen_warmup + validate_steps}]"]
+        validate = [*base, *best["overrides"], *steady.validation(validate_steps)]
         table["validate"] = {"layout": best["layout"], "command": _command(validate)}
         tie = [a["layout"] for a in table["arms"] if a["tie_with_best"] and a is not best]
-        console.print(f"validate {best['layout']} with a {validate_steps}-step run"
+        console.print(f"validate {best['layout']} with a run of at least {validate_steps} steps, its window steady"
                       + (f" (within the noise of {', '.join(tie)}: of the tied layouts, the one the analytic "
                          "ranking puts first)" if tie else "")
                       + f":\n  {table['validate']['command']}", markup=False)
@@ -262,7 +261,7 @@ def finish_screening(sweep_dir: Path) -> dict | None:
                      "step_time_s": a["predicted_step_s"]}
         arms.append(_arm(candidate, outcome.complete_results(job_dir) if job_dir else None, job_dir))
     table = rank_measured(arms, queued["noise_floor"])
-    conclude(table, queued["base"], queued["screen_warmup"], queued["validate_steps"], sweep_dir)
+    conclude(table, queued["base"], queued["validate_steps"], sweep_dir)
     report["screening"] = table
     layouts_file.write(report, path)
     return table

@@ -26,7 +26,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from moe_hydra.analysis.report import change
-from moe_hydra.core import io, overrides
+from moe_hydra.core import io, overrides, steady
 from moe_hydra.core.errors import Failed, Refused
 from moe_hydra.core.schema import TUNE_ALLOW, Stage
 from moe_hydra.core.steady import AUTO
@@ -365,9 +365,8 @@ class Tune:
 
     def validate(self, winner: list[str]) -> dict[str, Any]:
         steps = self.tcfg.validate_steps
-        if self.window == AUTO:  # at least validate_steps steps: auto's steady segment after them all but the last
-            k = self.cfg.contract.steady_steps
-            window = [f"contract.window={AUTO}", f"contract.warmup_steps={max(steps - k, 0)}"]
+        if self.window == AUTO:  # at least validate_steps steps, its window the first steady segment it stops on
+            window = steady.validation(steps, self.cfg.contract.steady_steps)
         else:
             window = [f"contract.window=[{steps - 9},{steps}]"]
         e = experiments.ready(self.driver.run("validate", [*winner, *self.how, *window]))

@@ -10,7 +10,7 @@ import json
 import math
 
 from moe_hydra.core import schema
-from moe_hydra.core.steady import AUTO
+from moe_hydra.core.steady import AUTO, AUTO_HISTORY
 from moe_hydra.planning.rules.base import (COMM_READS, DISPATCHER_READS, Ctx, V, _divisors, _ep_choices, _fmt, _here,
                                            _list, _on_gpus, rule)
 
@@ -329,10 +329,10 @@ def c01_contract_window(c: Ctx):
         if k.window != AUTO:
             yield V("C01", f"contract.window must be [first, last] or {AUTO}, got {k.window!r}", "contract.window=auto",
                     contract__window=k.window)
-        elif iters < k.warmup_steps + k.steady_steps:
-            yield V("C01", f"contract.window=auto needs a steady segment of {k.steady_steps} steps after the "
-                    f"{k.warmup_steps} warmup steps, more than the run's {iters} steps",
-                    f"train.train_iters={max(schema.AUTO_MAX_STEPS, k.warmup_steps + k.steady_steps)}",
+        elif iters < k.warmup_steps + AUTO_HISTORY * k.steady_steps:
+            yield V("C01", f"contract.window=auto judges at least {AUTO_HISTORY} x {k.steady_steps} steps "
+                    f"(contract.steady_steps) after the {k.warmup_steps} warmup steps, more than the run's {iters} steps",
+                    f"train.train_iters={max(schema.AUTO_MAX_STEPS, k.warmup_steps + AUTO_HISTORY * k.steady_steps)}",
                     train__train_iters=iters, contract__steady_steps=k.steady_steps,
                     contract__warmup_steps=k.warmup_steps)
         return

@@ -49,6 +49,9 @@ PRIVATE = [
      "moe_hydra.launch.slurm_jobs: the result pickle of a point's task 0"),
     ("torch.testing._internal.distributed.fake_pg", "FakeStore", "torch",
      "moe_hydra.job.fit: stage=fit's ranks join torch's fake process group at the target world size"),
+    ("ruptures.detection._detection.ekcpd", "ekcpd_pelt_L2", "ruptures",
+     "moe_hydra.core.steady.pelt: PELT's compiled kernel, loaded from its extension alone (the package's import costs "
+     "half a second and a thread)"),
     ("megatron.core.parallel_state", "_global_process_group_list", "megatron-core",
      "moe_hydra.job.calibrate.release_model_parallel: every group Megatron-Core made, destroyed between layouts"),
     ("megatron.core.models.common.embeddings.rotary_pos_embedding", "RotaryEmbedding.forward.cache_clear",

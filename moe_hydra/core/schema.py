@@ -550,7 +550,7 @@ class LoggerConfig:
     # The W&B group (the comparison); null = <sweep dir>-<contract_hash>.
     group: Optional[str] = None
     # A W&B history row (and the routers' counts) every N steps, logged while the run runs (moe_hydra.job.live);
-    # null = every step for runs under 100 steps, else every 10th.
+    # null = every step for runs under 100 steps, else every 10th (contract.window=auto: every step up to step 100).
     log_interval: Optional[int] = None
 
 

@@ -49,6 +49,15 @@ def log_interval(logger_cfg: Any, train_iters: int) -> int:
     return logger_cfg.log_interval or (1 if train_iters < SHORT_RUN else 10)
 
 
+def logged(logger_cfg: Any, train_iters: int, step: int, open_ended: bool = False) -> bool:
+    """Whether ``step`` is logged (:func:`log_interval`); ``open_ended``: a ``contract.window=auto`` run, whose
+    ``train_iters`` is only its cap: without ``logger.log_interval`` every step under :data:`SHORT_RUN`, then every
+    10th, as a run of its length would."""
+    if open_ended and not logger_cfg.log_interval and step < SHORT_RUN:
+        return True
+    return step % log_interval(logger_cfg, train_iters) == 0
+
+
 def row(rec: Any, tokens_per_step: int, world: int, flops_per_token: float, peak: float | None,
         lr: float | None, window: tuple[int, int]) -> dict[str, Any]:
     """A logged step's history row: Megatron-LM's keys, moe_hydra's ``train/``, ``time/``, ``throughput/``,

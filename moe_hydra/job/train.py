@@ -478,7 +478,6 @@ class Job:
         records: list[metrics.StepRecord] = []
         samples = []
         iters = self.r.train_iters
-        every = live.log_interval(cfg.logger, iters)
         router = self._router_stats(model)
         from moe_hydra.core import steady
 
@@ -511,7 +510,7 @@ class Job:
             records.append(rec)
             if gpu is not None:
                 samples.append({"step": step, **gpu.latest()})
-            if step % every == 0 or step == iters or stop:  # the same steps on every rank
+            if live.logged(cfg.logger, iters, step, self.auto) or step == iters or stop:  # the same steps, every rank
                 self._log_live(rec, router, optimizer, peak, samples[-1] if gpu is not None else None)
             if progress is not None:
                 progress.update(rec)

@@ -17,11 +17,12 @@ noise (log-normal, 1-20 %), judged from step 1 (no declared warmup):
   (goal >= 90 % at 2 % noise) and the change's step within +-3.
 - ``drift``: a slow drift of +10 % over 100 steps: how often the judgment sees a change.
 
-**Real runs on this machine** (``--real``, a few minutes): 100 steps of the default (tiny MoE, 1 process) and of a
-2-process layout (``expert_mesh=ep2``): where the steady segment starts and the class; then the default with
-``contract.window=auto``: the steps it took, the window it measured, the steps beyond the segment it needed (goal
-<= 10 %), and the judgment's seconds against the run's wall time (goal <= 1 %); and whether the auto window lies in
-the steady segment of a 100-step run of the same configuration.
+**Real runs on this machine** (``--real``, a few minutes): ``--repeats`` runs of 100 steps of the default (tiny MoE,
+1 process) and of a 2-process layout (``expert_mesh=ep2``): where the steady segment starts and the class, and where
+``contract.window=auto`` would have stopped on that very series, its window's mean against the run's own steady
+segment (a later run would be judged against the machine's drift between runs, tens of percent here); then each with
+``contract.window=auto`` itself: the steps it took, the window it measured, the steps it ran after that window (goal
+<= 10 %), and the judgment's seconds against the run's wall time (goal <= 1 %).
 
     python benchmarks/steady_state.py [--series 200] [--real] [--seed 0]
 """
@@ -172,31 +173,51 @@ def run(out: Path, *overrides: str) -> dict:
     return res
 
 
-def real(root: Path) -> list[str]:
-    rows = ["real runs on this machine"]
-    long = {}
-    for name, extra in (("default", ()), ("ep2", ("hardware.devices_per_node=2", "expert_mesh=ep2"))):
-        res = run(root / f"{name}-100", "contract.window=[91,100]", *extra)
-        j = steady.of_results(res)
-        long[name] = j
-        rows.append(f"  {name}, 100 steps: {j.describe()}; steady mean {j.mean_ms or float('nan'):.1f} ms, noise "
-                    f"{(j.noise or float('nan')):.1%}; levels " + ", ".join(
-                        f"{a}-{b} {m:.0f} ms" for a, b, m in j.levels))
-    for name, extra in (("default", ()), ("ep2", ("hardware.devices_per_node=2", "expert_mesh=ep2"))):
-        res = run(root / f"{name}-auto", "contract.window=auto", "train.train_iters=200", *extra)
-        s = res["steady"]
-        w = res["window_measured"]
-        needed = s["segment"][0] - 1 + s["steady_steps"] if s["segment"] else None
-        extra_steps = res["steps"] - needed if needed else None
-        ref = long[name]
-        inside = ref.segment is not None and ref.segment[0] <= w[0]
-        bias = res["step_time_ms"] / ref.mean_ms - 1 if ref.mean_ms else float("nan")
-        rows.append(f"  {name}, contract.window=auto: {res['steps']} steps, window {w} ({s['class']}); "
-                    f"steps beyond the segment it needed {extra_steps} ({extra_steps / res['steps']:.1%}, goal <= 10 %); "
-                    f"judging {s['seconds']:.3f} s of the run's {res['_wall_s']:.1f} s "
-                    f"({s['seconds'] / res['_wall_s']:.2%}, goal <= 1 %); "
-                    f"against the 100-step run: {'inside' if inside else 'BEFORE'} its segment, step time "
-                    f"{res['step_time_ms']:.1f} ms vs {ref.mean_ms or float('nan'):.1f} ms ({bias:+.1%})")
+LAYOUTS = (("default", ()), ("ep2", ("hardware.devices_per_node=2", "expert_mesh=ep2")))
+
+
+def simulated_auto(times: list[float], warmup: int, k: int) -> tuple[int, tuple[int, int]] | None:
+    """Where contract.window=auto would have stopped on this series (the job's decision, step by step), and its
+    window; None when it would not have."""
+    for step in range(warmup + steady.AUTO_HISTORY * k, len(times) + 1):
+        j = steady.judge(times[:step], warmup_steps=warmup, steady_steps=k)
+        if steady.settled(j):
+            return step, j.segment
+    return None
+
+
+def real(root: Path, repeats: int) -> list[str]:
+    rows = ["real runs on this machine (each layout: --repeats runs of 100 steps, then --repeats of contract.window=auto)"]
+    for name, extra in LAYOUTS:
+        biases = []
+        for i in range(repeats):
+            res = run(root / f"{name}-100-{i}", "contract.window=[91,100]", *extra)
+            times, warmup = res["step_times_ms"], res["warmup_steps"]
+            j = steady.of_results(res)
+            stop = simulated_auto(times, warmup, steady.STEADY_STEPS)
+            line = (f"  {name}, 100 steps #{i}: {j.kind}, steady from step {j.segment[0] if j.segment else None}, "
+                    f"{j.mean_ms or float('nan'):.1f} ms, noise {(j.noise or float('nan')):.1%}; levels "
+                    + ", ".join(f"{a}-{b} {m:.0f}" for a, b, m in j.levels))
+            if stop and j.mean_ms:
+                w = stop[1]
+                mean = sum(times[w[0] - 1:w[1]]) / (w[1] - w[0] + 1)
+                biases.append(mean / j.mean_ms - 1)
+                line += (f"; auto would stop at step {stop[0]}, window {list(w)}: {mean:.1f} ms, {biases[-1]:+.1%} "
+                         "against this run's own steady segment")
+            rows.append(line)
+        if biases:
+            biases.sort()
+            rows.append(f"  {name}: auto's window against the same run's steady segment, median {biases[len(biases) // 2]:+.1%}, "
+                        f"range {biases[0]:+.1%} to {biases[-1]:+.1%}")
+        for i in range(repeats):
+            res = run(root / f"{name}-auto-{i}", "contract.window=auto", *extra)
+            s = res["steady"]
+            w = res["window_measured"]
+            after = res["steps"] - w[1]  # steps run after the window it measured
+            rows.append(f"  {name}, contract.window=auto #{i}: {res['steps']} steps, window {w} ({s['class']}, "
+                        f"steady {s['window_steady']}), {res['step_time_ms']:.1f} ms; steps after the window {after} "
+                        f"({after / res['steps']:.0%}, goal <= 10 %); judging {s['seconds'] * 1e3:.1f} ms of the run's "
+                        f"{res['_wall_s']:.1f} s ({s['seconds'] / res['_wall_s']:.2%}, goal <= 1 %)")
     return rows
 
 
@@ -205,6 +226,7 @@ def main() -> None:
     p.add_argument("--series", type=int, default=200, help="series per case (default 200)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--real", action="store_true", help="also real runs on this machine (a few minutes)")
+    p.add_argument("--repeats", type=int, default=3, help="contract.window=auto runs of each layout (default 3)")
     args = p.parse_args()
     rng = random.Random(args.seed)
     print(f"moe_hydra.core.steady: {steady.METHOD}; steady segment >= {steady.STEADY_STEPS} steps")
@@ -212,7 +234,7 @@ def main() -> None:
         print("\n".join(rows))
     if args.real:
         with tempfile.TemporaryDirectory() as d:
-            print("\n".join(real(Path(d))))
+            print("\n".join(real(Path(d), args.repeats)))
 
 
 if __name__ == "__main__":

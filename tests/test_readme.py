@@ -82,8 +82,17 @@ def noise_repeats(cwd: Path) -> None:
         _write(cwd / "outputs/noise" / str(i), res)
 
 
+def auto_run(cwd: Path) -> None:
+    """outputs/auto: a contract.window=auto run, steady from step 4, its window the 20 steps it stopped on."""
+    rng = random.Random(5)
+    res = base_results("alltoall", [rng.gauss(100, 2) for _ in range(23)], 300)
+    res.update(swept=[], window=[4, 23], window_measured=[4, 23], window_declared="auto",
+               **contract.hashes(res["contract"], []))
+    _write(cwd / "outputs/auto", res)
+
+
 def validated_run(cwd: Path) -> None:
-    """outputs/validate: one 50-step run on real data, window [41, 50], its loss falling."""
+    """outputs/validate: one 50-step run on real data, its window [41, 50] steady, its loss falling."""
     rng = random.Random(7)
     res = base_results("alltoall", [rng.gauss(100, 2) for _ in range(50)], 200)
     res.update(swept=[], window=[41, 50], **contract.hashes(res["contract"], []))
@@ -105,6 +114,9 @@ EXAMPLES = {
     "make run": Skip("trains the default, as `python -m moe_hydra` does (tests/test_job.py)"),
     "make test": Skip("the test suite itself"),
     "python -m moe_hydra hardware.devices_per_node=2 attention_mesh=tp2 expert_mesh=ep2": Plan(TRAINS),
+    "python -m moe_hydra contract.window=auto hydra.run.dir=outputs/auto": Plan(TRAINS + " until steady "
+                                                                               "(tests/test_steady.py trains it)"),
+    "moe-hydra steady outputs/auto": Fixture("judges the run the line before trains", auto_run),
     "python -m moe_hydra stage=plan model=qwen3_30b_a3b hardware=h100_sxm hardware.nodes=2 expert_mesh=ep16": Run(),
     "python -m moe_hydra stage=fit model=deepseek_v3 hardware=h100_sxm hardware.nodes=128 mesh=dsv3_h100_1024 "
     'recompute=selective "recompute.recompute_modules=[core_attn,layernorm,mla_up_proj]"': Run(beside=True),
@@ -127,8 +139,8 @@ EXAMPLES = {
     "compare.noise_file=outputs/noise/noise.json": Plan("trains rounds of runs until the A/B is decided; its arms "
                                                         "are planned", replace=(("repeat=auto", "-m"),)),
     "python -m moe_hydra.data prepare --out data/docs docs/*.md README.md": Run(),
-    'python -m moe_hydra data.kind=megatron "data.path=[data/docs]" "contract.window=[41,50]" '
-    "hydra.run.dir=outputs/validate": Plan(TRAINS + " for 50 steps"),
+    'python -m moe_hydra data.kind=megatron "data.path=[data/docs]" contract.window=auto contract.warmup_steps=30 '
+    "hydra.run.dir=outputs/validate": Plan(TRAINS + " for 50 steps or more"),
     "moe-hydra accept outputs/validate": Fixture("accepts the run the line before trains", validated_run),
     "python -m moe_hydra.tune hardware.devices_per_node=2 recompute=full train.micro_batch_size=1 "
     "train.global_batch_size=8 hydra.sweep.dir=outputs/tune": Skip(

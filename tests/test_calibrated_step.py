@@ -142,7 +142,7 @@ def test_expert_row_counts_met_the_first_time_add_their_cost(tmp_path):
     st = make_plan(resolve(compose_config(f"hardware.calibration={path}")))["step_time"]
     new = st["calibration"]["new_rows"]
     assert 0 < new["new_per_step"] < new["experts_per_rank"] == r.arch.num_layers * r.arch.experts
-    assert st["terms"]["new_rows"] == pytest.approx(0.004 * new["new_per_step"]) and new["window"] == [4, 10]
+    assert st["terms"]["new_rows"] == pytest.approx(0.004 * new["new_per_step"]) and new["window"] == list(r.window) == [4, 23]
     assert st["seconds"] == pytest.approx(bare["step_time"]["seconds"] + st["terms"]["new_rows"])
     later = make_plan(resolve(compose_config(f"hardware.calibration={path}", "train.train_iters=300",
                                              "contract.window=[261,300]")))["step_time"]

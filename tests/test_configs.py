@@ -52,7 +52,8 @@ def test_defaults_are_the_embedded_tiny_run():
         ("tiny_moe", "local_cpu", "alltoall", "natural")
     assert cfg.model.num_moe_experts >= 8 and cfg.model.moe_router_topk == 2 and cfg.model.num_layers >= 2
     assert cfg.train.seq_length == cfg.model.seq_length  # interpolated from the model preset
-    assert cfg.train.train_iters == cfg.contract.window[1]
+    assert cfg.contract.window == "auto" and cfg.train.train_iters == 200  # steps until steady, at most 200
+    assert compose_config("contract.window=[4,12]").train.train_iters == 12  # a declared window's last step
     assert rules.check(resolve(cfg)) == []
 
 

@@ -56,7 +56,7 @@ def test_the_fixes_of_a_report_plan_together():
     back with it."""
     overrides = ["stage=plan", "contract.window=[0,0]"]
     found = violations(overrides)
-    assert {v.fix for v in found} == {"contract.window=[4,10]", "train.train_iters=10"}
+    assert {v.fix for v in found} == {"contract.window=auto", "train.train_iters=200"}
     assert violations([*overrides, *(o for v in found for o in first_fix(v.fix))]) == []
 
 
@@ -65,7 +65,7 @@ def test_the_fixes_of_a_report_plan_together():
     ("model.num_attention_heads=0", "model.num_attention_heads=4"),  # tiny_moe's
     ("hardware.run_to_run_noise=2", "hardware.run_to_run_noise=0.02"),  # above the domain: still the preset's
     ("train.micro_batch_size=0", "train.micro_batch_size=4"),  # a model preset's training setting
-    ("contract.window=[0,3]", "contract.window=[4,10]"),  # the schema's default
+    ("contract.window=[0,3]", "contract.window=auto"),  # the schema's default
     ("model.moe_router_num_groups=0", "model.moe_router_num_groups=null"),  # unset in the presets
     ("model.window_size=[128,0,1]", "model.window_size=null"),
     ("kernels.cuda_graph_scope=${model.hidden_size}", "kernels.cuda_graph_scope=[]"),

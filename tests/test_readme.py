@@ -114,8 +114,7 @@ EXAMPLES = {
     "make run": Skip("trains the default, as `python -m moe_hydra` does (tests/test_job.py)"),
     "make test": Skip("the test suite itself"),
     "python -m moe_hydra hardware.devices_per_node=2 attention_mesh=tp2 expert_mesh=ep2": Plan(TRAINS),
-    "python -m moe_hydra contract.window=auto hydra.run.dir=outputs/auto": Plan(TRAINS + " until steady "
-                                                                               "(tests/test_steady.py trains it)"),
+    "python -m moe_hydra hydra.run.dir=outputs/auto": Plan(TRAINS + " until steady (tests/test_steady.py trains it)"),
     "moe-hydra steady outputs/auto": Fixture("judges the run the line before trains", auto_run),
     "python -m moe_hydra stage=plan model=qwen3_30b_a3b hardware=h100_sxm hardware.nodes=2 expert_mesh=ep16": Run(),
     "python -m moe_hydra stage=fit model=deepseek_v3 hardware=h100_sxm hardware.nodes=128 mesh=dsv3_h100_1024 "

@@ -155,11 +155,12 @@ class FakeSweeper:
             times = mean * (1 + self.rng.normal(0, 0.03, 23))
             if self.unsettled and not any(o.startswith("train.train_iters=") for o in point):
                 times = times * (1 + np.linspace(1, 0.3, 23))  # twice as slow at first, still falling at the end
+            declared = next((o.split("=", 1)[1] for o in point if o.startswith("contract.window=")), "auto")
             window = [4, 23]
-            if "contract.window=auto" in point:  # as the job does: the segment it stops on, else its last steps
+            if declared == "auto":  # as the job does: the segment it stops on, else its last steps
                 judged = steady.judge(list(times), steady_steps=10)
                 window = list(judged.segment) if steady.settled(judged) else [14, 23]
-            fake_run(self.sweep_dir, str(num), list(times), window=window)
+            fake_run(self.sweep_dir, str(num), list(times), window=window, window_declared=declared)
             rets.append(outcome.job_return(point, "COMPLETED", None, str(d)))
         return rets
 
@@ -188,15 +189,15 @@ def test_drive_runs_rounds_until_a_verdict_and_writes_sequential_json(tmp_path):
 
 
 def test_a_run_that_never_settles_is_run_again_longer_not_judged(tmp_path):
-    """repeat=auto gives every run contract.window=auto; a run that found no steady segment is run again with twice
-    the steps, and the verdict rests on the longer runs alone."""
+    """A contract.window=auto run (the default) that found no steady segment is run again with twice the steps, and
+    the verdict rests on the longer runs alone."""
     s = FakeSweeper(tmp_path, {"dispatcher=alltoall": 100.0, "dispatcher=allgather": 120.0}, sd_run=0.02,
                     unsettled=True)
     sequential.drive(s, _overrides("dispatcher=alltoall,allgather"))
     rec = json.loads((s.sweep_dir / sequential.SEQUENTIAL_FILE).read_text())
     assert rec["status"] == "decided" and rec["verdict"] == stats.SLOWER, rec
     first, again = s.batches[0][1], s.batches[1][1]
-    assert all("contract.window=auto" in p for p in first) and not any("train.train_iters" in o for p in first for o in p)
+    assert not any("train.train_iters" in o for p in first for o in p)
     assert all(p[-1] == f"train.train_iters={2 * AUTO_MAX_STEPS}" and "repeat=0" in p for p in again)
     points = rec["rounds"][0]["points"]
     assert [p.get("longer") is not None for p in points] == [False, False, True, True]

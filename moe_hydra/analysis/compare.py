@@ -16,7 +16,8 @@ only beyond it, since step times say nothing about a second run of the same conf
 Verdicts: faster, slower, equivalent (a two-one-sided test within the declared equivalence margin,
 ``compare.equivalence``, default 5 %; needs a measured variance: repeats or a noise file), undecided (with the
 runs per arm that would decide it, when equivalence was tested). An arm that was given a run more
-than once gets no verdict (:data:`DUPLICATED`). Runs profiled with ``profile=window`` (profile.json) say which wall
+than once gets no verdict (:data:`DUPLICATED`), nor one that holds a run whose window is not steady
+(:data:`NOT_STEADY`: :mod:`moe_hydra.core.steady`; its figures are shown, and the fix). Runs profiled with ``profile=window`` (profile.json) say which wall
 moved (:mod:`moe_hydra.analysis.profiles`), in the notes. A sweep run with repeat=auto (sequential.json) is noted
 with its own, sequential verdict.
 """
@@ -39,6 +40,7 @@ from moe_hydra.core.errors import Refused
 
 NOT_ARM_VARIABLES = ("repeat",)  # swept to repeat an arm, not to make one
 DUPLICATED = "none: a run was given more than once"  # the verdict of an arm built from duplicated input
+NOT_STEADY = "none: a window is not steady"  # the verdict of an arm holding a run whose window is not steady
 
 
 def _arm_name(run: Run, variables: list[str]) -> str:
@@ -119,6 +121,8 @@ def _effect(comp: Comparison, name: str, mode: str, noise: noises.Floor | None,
             effect, comp.noise[name] = stats.welch(a, b, "steps", floor=noise.value), noise
     if any(r.copies for r in (*base, *cand)):
         return dataclasses.replace(effect, verdict=DUPLICATED)
+    if any(not r.steady.window_steady for r in (*base, *cand)):
+        return dataclasses.replace(effect, verdict=NOT_STEADY)
     return effect
 
 
@@ -147,7 +151,9 @@ def compare(runs: list[Run], variables: list[str] | None = None, baseline: str |
     ``noise``, a measured one (:func:`moe_hydra.analysis.noise.measured_floor`); else ``noise_floor`` or the
     hardware's declared ``run_to_run_noise``, a floor. ``equivalence``: the margin (relative) of the equivalence
     test, declared (default 5 %; never derived from the noise; no equivalence against a declared floor). An arm holding a
-    run that was given more than once (``Run.copies``) gets the verdict :data:`DUPLICATED`. When every run of an
+    run that was given more than once (``Run.copies``) gets the verdict :data:`DUPLICATED`; one holding a run whose
+    window is not steady (:attr:`Run.steady`: not evidence) :data:`NOT_STEADY`, its figures shown and a note naming
+    the run, its judgment and the fix. When every run of an
     arm and of the baseline has a profile.json, the walls that moved are added as a note (``Comparison.walls``);
     ``warn`` hears of profile.json files that cannot be read.
 
@@ -202,6 +208,10 @@ def compare(runs: list[Run], variables: list[str] | None = None, baseline: str |
             comp.notes.append(f"one run per arm: a run's mean varies by the measured run-to-run noise {floor.label()} "
                               f"({floor.file}) besides its own steps; the run means are tested against both "
                               f"(unit: runs, t on {floor.df:.1f}+ df)")
+        unsteady = [r for rs in arms.values() for r in rs if not r.steady.window_steady]
+        if unsteady:
+            comp.notes.append("not evidence, so no verdict for the arms holding them: " + "; ".join(
+                f"{r.path}: {r.steady.describe()}" for r in unsteady))
         if any(e.verdict == DUPLICATED for e in comp.effects.values()):
             comp.notes.append("a run given more than once was counted once (see the warnings), and the arms holding "
                               "it get no verdict: the command named arms it did not have; pass each run once")

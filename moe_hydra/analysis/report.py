@@ -11,7 +11,8 @@ work a step: :func:`moe_hydra.core.contract.measure`), ``judged_as`` (step time,
 (``relative``, ``ci``), ``equivalence`` (``margin``, ``p_value``, ``ci90``, ``runs_needed`` per arm to show it when
 undecided; null when not tested), ``noise_floor``
 (``value``, ``source``: measured / repeats / declared / --noise-floor, and for a measured one ``file``,
-``interval``, ``df``); ``notes``; ``skipped``; ``sequential`` (the sweep's repeat=auto record, when there is one).
+``interval``, ``df``), ``not_steady`` (the two arms' runs whose window is not steady, each with its judgment: their
+verdict is "none: a window is not steady"); ``notes``; ``skipped``; ``sequential`` (the sweep's repeat=auto record, when there is one).
 """
 
 from __future__ import annotations
@@ -186,6 +187,9 @@ def pairs(comps: list[Comparison]) -> list[dict[str, Any]]:
                     "runs_needed": e.runs_needed},
                 "noise_floor": floor.as_dict() if floor is not None else None,
                 "walls": (c.walls.get(name) or {}).get("summary"),
+                # the runs of the two arms whose window is not steady: no verdict (compare.NOT_STEADY)
+                "not_steady": [{"run": str(r.path), "steady": r.steady.describe()}
+                               for r in (*c.arms[c.baseline], *c.arms[name]) if not r.steady.window_steady],
             })
     return out
 

@@ -11,9 +11,10 @@ identical step times (a copy of a run written before run_id existed) are one run
 same run_id as ..."); the copies are kept on the run (``Run.copies``).
 
 Verdicts only on steady windows: a complete run whose window is not steady (:mod:`moe_hydra.core.steady`: its step
-times judged from results.json, whichever version wrote it) is not evidence. It is listed (``Loaded.not_steady``),
-warned with the fix (a window inside its steady segment, or ``contract.window=auto``), and never compared, accepted or
-pooled into a noise.
+times judged from results.json, whichever version wrote it) is not evidence. By default it is listed
+(``Loaded.not_steady``) and warned with the fix (a window inside its steady segment, or ``contract.window=auto``), so
+accept and regress never judge it; compare, diff and noise read it anyway (``need_steady=False``): compare shows its
+figures without a verdict, noise measures it and says so.
 """
 
 from __future__ import annotations

@@ -90,7 +90,8 @@ def arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    loaded, warnings, warn = load_runs("compare", args.dirs)
+    # a run whose window is not steady is shown, its arm without a verdict (compare.NOT_STEADY)
+    loaded, warnings, warn = load_runs("compare", args.dirs, need_steady=False)
     runs = loaded.runs
 
     variables = args.variable or sorted({k for r in runs for k in r.results.get("swept", [])

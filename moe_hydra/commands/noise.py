@@ -40,7 +40,11 @@ def arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    loaded, _, _ = load_runs("noise", args.dirs)
+    loaded, _, warn = load_runs("noise", args.dirs, need_steady=False)
+    unsteady = [r for r in loaded.runs if not r.steady.window_steady]
+    for r in unsteady:  # measured all the same, and said: the noise then holds how far their warm-ups differ
+        warn(f"{r.path / 'results.json'}: its window is not steady, so the noise measured holds its warm-up too: "
+             f"{r.steady.describe()}")
     groups: dict[str, list[Run]] = {}
     for r in loaded.runs:
         groups.setdefault(contracts.digest(r.results["contract"]), []).append(r)
@@ -53,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     if not loaded.runs:
         raise Refused("no complete run under " + ", ".join(map(str, args.dirs)))
     _, record = noises.measure(list(groups.values()), args.dirs)
+    record["windows_not_steady"] = [str(r.path) for r in unsteady]
     first = args.dirs[0]
     out_dir = args.out if args.out is not None else (first if first.is_dir() and os.access(first, os.W_OK)
                                                       else Path.cwd())

@@ -284,6 +284,8 @@ def _fix_list(cfg: Any, path: str) -> str:
     """The presets' list (or null) when it is legal, else ``length`` times the lowest element (a pair without a
     length: ``[first, last]`` lists such as ``contract.window`` are read by index)."""
     preset = presets.chosen(cfg, path)
+    if path in AUTO_WINDOWS and preset == AUTO:
+        return f"{path}={AUTO}"
     if preset is None or _legal_list(preset, path):
         return overrides.override(path, None if preset is None else list(preset))
     (lo, _), length = LIST_DOMAINS[path]

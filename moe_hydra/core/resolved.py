@@ -31,7 +31,7 @@ from moe_hydra.core import bounds
 from moe_hydra.core.arch import Arch, activation_fusable
 from moe_hydra.core.layout import Layout
 from moe_hydra.core.pipeline import RankLayers, assign
-from moe_hydra.core.steady import AUTO
+from moe_hydra.core.steady import AUTO, AUTO_HISTORY
 from moe_hydra.core.violations import LayoutError
 
 # Config nodes that no derived fact (layout, split, batch, implementation) reads.
@@ -147,10 +147,11 @@ class Resolved:
     @property
     def window(self) -> tuple[int, int]:
         """The steady window the plan predicts: ``contract.window``, or for ``contract.window=auto`` the first the
-        job can measure (the ``contract.steady_steps`` steps after the warmup; a longer warm-up moves it later)."""
+        job can stop on (a series steady from its first judged step: the 2 x ``contract.steady_steps`` steps after
+        the warmup, :func:`moe_hydra.core.steady.settled`; a warm-up moves it later)."""
         k = self.cfg.contract
         if k.window == AUTO:
-            return k.warmup_steps + 1, k.warmup_steps + k.steady_steps
+            return k.warmup_steps + 1, k.warmup_steps + AUTO_HISTORY * k.steady_steps
         return int(k.window[0]), int(k.window[-1])
 
     @property

@@ -472,10 +472,11 @@ class ContractConfig:
     """How a run is measured. Steps are 1-based; warmup steps never enter a statistic."""
 
     warmup_steps: int = 3
-    # Steady window [first, last], inclusive; first > warmup_steps. Or ``auto``: the job steps (up to
-    # train.train_iters) until its step times have a steady segment of steady_steps after their last change of
-    # level (moe_hydra.core.steady), and measures that segment; the contract holds ``auto``, not the window found.
-    window: Any = field(default_factory=lambda: [4, 10])
+    # ``auto``: the job steps (up to train.train_iters) until its step times have a steady segment of steady_steps
+    # after their last change of level (moe_hydra.core.steady), and measures that segment; the contract holds
+    # ``auto``, not the window found. Or a steady window [first, last], inclusive, first > warmup_steps, judged
+    # after the run (results.json: steady).
+    window: Any = AUTO
     # The shortest last level of a run's step times that counts as steady (its judgment, results.json: steady),
     # and what contract.window=auto measures.
     steady_steps: int = STEADY_STEPS

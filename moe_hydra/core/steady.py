@@ -76,6 +76,7 @@ class Judgment:
     steady_steps: int
     window: tuple[int, int] | None = None  # the window judged
     window_steady: bool | None = None  # the window lies inside the segment (None: no window given)
+    auto: bool = False  # the window was contract.window=auto's (of_results: results.json's window_declared)
 
     @property
     def suggested_window(self) -> tuple[int, int] | None:
@@ -332,4 +333,5 @@ def of_results(results: dict[str, Any], steady_steps: int | None = None) -> Judg
     profiled = results.get("profile_steps")
     if window and isinstance(profiled, list) and len(profiled) == 2 and profiled[0] > window[1]:
         times = times[:profiled[0] - 1]
-    return judge(times, warmup_steps=int(results.get("warmup_steps") or 0), window=window, steady_steps=int(k))
+    j = judge(times, warmup_steps=int(results.get("warmup_steps") or 0), window=window, steady_steps=int(k))
+    return dataclasses.replace(j, auto=results.get("window_declared") == AUTO)

@@ -31,11 +31,10 @@ command again, once it has run (``python -m moe_hydra.sweep wait DIR``), keeps t
 launcher keeps complete points), looks, and queues the next round or stops. Locally (and attached on Slurm) one
 command runs the rounds to the end.
 
-Steady windows only: unless the command line sets ``contract.window``, every run takes ``contract.window=auto``
-(it steps until its step times are steady, :mod:`moe_hydra.core.steady`). A run whose window is not steady is not
-evidence: an auto run that found no steady segment is run again with twice the steps (:data:`LONGER_RERUNS` times),
-and a declared window that is not steady stops the A/B (``refused: a window is not steady``, the fix in the log and
-in the round's ``points[].steady``).
+Steady windows only: a run whose window is not steady (:mod:`moe_hydra.core.steady`) is not evidence. A
+``contract.window=auto`` run (the default) that found no steady segment is run again with twice the steps
+(:data:`LONGER_RERUNS` times), and a declared window that is not steady stops the A/B (``refused: a window is not
+steady``, the fix in the log and in the round's ``points[].steady``).
 
 Like with like: before the first round, the arms' resolved plans say what a step of each trains
 (``sweeper.work``), and :func:`moe_hydra.core.contract.measure` decides the figure: step time when the work is the
@@ -159,8 +158,6 @@ def drive(sweeper: Any, overrides: list) -> list[list[Any]]:
     config = sweeper.config
     sweep_dir = Path(str(config.hydra.sweep.dir))
     arms = [list(p) for batch in BasicSweeper.split_arguments(overrides, None) for p in batch]
-    if not any(overrides_key(o) == "contract.window" for arm in arms for o in arm):  # each run steps until steady
-        arms = [[*arm, f"contract.window={steady.AUTO}"] for arm in arms]
 
     def refused(message: str) -> list[list[Any]]:
         return [[outcome.refuse(sweeper.hydra_context, config, ["repeat=auto"], message)]]
@@ -304,7 +301,7 @@ def _rerun_longer(sweeper: Any, arms: list[list[str]], labels: list[str], r: int
     contract), up to :data:`LONGER_RERUNS` times. (next job number, the points still not steady: those with a
     declared window, or no steady segment in the longest run)."""
     for attempt in range(LONGER_RERUNS):
-        again = [i for i, j in unsteady if j.segment is None and f"contract.window={steady.AUTO}" in arms[i]]
+        again = [i for i, j in unsteady if j.segment is None and j.auto]
         if not again:
             break
         longer = f"train.train_iters={2 ** (attempt + 1) * _cap(arms[again[0]])}"

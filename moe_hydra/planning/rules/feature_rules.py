@@ -338,7 +338,7 @@ def c01_contract_window(c: Ctx):
         return
     w = list(k.window)
     if len(w) != 2:
-        yield V("C01", f"contract.window must be [first, last] or {AUTO}, got {w}", "contract.window=[4,10]",
+        yield V("C01", f"contract.window must be [first, last] or {AUTO}, got {w}", f"contract.window={AUTO}",
                 contract__window=w)
         return
     first, last = w

@@ -35,10 +35,15 @@ def test_default_job_writes_complete_results(cli, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     res = results(tmp_path)
     assert res["status"] == "ok" and res["stage"] == "run"
-    assert res["steps"] == 10 and res["window"] == [4, 10] and res["warmup_steps"] == 3
+    # contract.window=auto, the default: it stepped until steady (at least 3 warmup + 2 x 10 judged steps) and
+    # measured the steady segment it stopped on, its last steps
+    steps, (first, last) = res["steps"], res["window"]
+    assert res["window_declared"] == "auto" and res["warmup_steps"] == 3 and 23 <= steps < 200
+    assert res["window_measured"] == [first, last] and 4 <= first and last == steps and last - first + 1 >= 10
+    assert res["steady"]["window_steady"] is True and res["steady"]["segment"] == [first, last]
     times = res["step_times_ms"]
-    assert len(times) == 10 and all(t > 0 for t in times)
-    assert res["step_time_ms"] == pytest.approx(statistics.fmean(times[3:10]))  # steps 4..10, warmup excluded
+    assert len(times) == steps and all(t > 0 for t in times)
+    assert res["step_time_ms"] == pytest.approx(statistics.fmean(times[first - 1:last]))  # the window, warmup out
     tokens = 4 * 128  # MBS 4 x DP 1, seq 128
     assert res["tokens_per_step"] == tokens
     assert res["tokens_per_s_per_gpu"] == pytest.approx(tokens / (res["step_time_ms"] / 1e3))
@@ -47,7 +52,7 @@ def test_default_job_writes_complete_results(cli, tmp_path):
     assert res["peak_memory_gib"]["rss"] > 0.1 and "ru_maxrss" in res["memory_counter"]
     assert res["memory_phases_gib"] is None  # the allocator's phases exist on GPUs only
     loss = res["loss"]
-    assert loss["all_finite"] and loss["nan_or_skipped"] == 0 and len(loss["per_step"]) == 10
+    assert loss["all_finite"] and loss["nan_or_skipped"] == 0 and len(loss["per_step"]) == steps
     assert loss["last"] < loss["first"] - 0.1, loss["per_step"]
     assert res["parallel"]["data_parallel_size"] == 1 and res["label"] == "benchmark-only"
     ev = res["evidence"]
@@ -58,7 +63,7 @@ def test_default_job_writes_complete_results(cli, tmp_path):
     # bf16 GEMMs on fp32 copies only where the CPU has no bf16 instructions (tests/test_compat.py)
     assert ("cpu_bf16_gemms_in_fp32" in ev["compat_shims"]) is not compat.cpu_has_bf16()
     assert ev["torch_threads"] == train.cpu_threads(1)  # one rank: every core this process may use, less one
-    assert re.search(r"step\s+10\s+loss\s+\d", r.stdout + r.stderr)  # the metric line of the last step
+    assert re.search(rf"step\s+{steps}\s+loss\s+\d", r.stdout + r.stderr)  # the metric line of the last step
 
 
 @pytest.mark.parametrize("dispatcher,klass", [("alltoall", "MoEAlltoAllTokenDispatcher"),

@@ -43,7 +43,10 @@ def profile(run: Path) -> dict:
 @pytest.mark.parametrize("arm", ["alltoall", "allgather"])
 def test_every_ranks_walls_sum_to_its_window(runs, arm):
     doc = profile(runs[arm])
-    assert doc["steps"] == [11, 15] and doc["window"] == [4, 10] and doc["perturbs_window"] is False
+    results = json.loads((runs[arm] / "results.json").read_text())
+    first, last = results["window"]  # the steady segment contract.window=auto (the default) stopped on
+    assert results["window_declared"] == "auto" and results["steady"]["window_steady"] is True
+    assert doc["steps"] == [last + 1, last + 5] and doc["window"] == [first, last] and doc["perturbs_window"] is False
     assert doc["activities"] == ["CPU"] and len(doc["ranks"]) == 2
     for rank in doc["ranks"]:
         parts = sum(rank[k] for k in walls.EXCLUSIVE)
@@ -54,10 +57,10 @@ def test_every_ranks_walls_sum_to_its_window(runs, arm):
         # the trace it came from is there, compressed, with the steps marked
         with gzip.open(runs[arm] / doc["traces"][rank["rank"]], "rt") as f:
             names = {e.get("name") for e in json.load(f)["traceEvents"]}
-        assert {f"{walls.STEP}{s}" for s in range(11, 16)} <= names
+        assert {f"{walls.STEP}{s}" for s in range(last + 1, last + 6)} <= names
     assert doc["slowest_rank"]["wall_ms"] == max(r["wall_ms"] for r in doc["ranks"])
-    results = json.loads((runs[arm] / "results.json").read_text())
-    assert results["steps"] == 15 and results["window"] == [4, 10]
+    assert results["steps"] == last + 5 and results["profile_steps"] == doc["steps"]
+    assert results["steady"]["judged"] == [4, last]  # the profiled steps after the window are not judged
     assert results["profile"]["communication_ms"] == doc["slowest_rank"]["communication_ms"]
 
 
@@ -72,7 +75,7 @@ def test_a_profile_after_the_window_leaves_the_measurement_alone(runs):
     profiled, plain = (json.loads((runs[k] / "results.json").read_text()) for k in ("alltoall", "plain"))
     assert profiled["contract_full_hash"] == plain["contract_full_hash"]
     noise = profiled["contract"]["hardware"]["run_to_run_noise"]
-    window = [r["step_times_ms"][3:10] for r in (plain, profiled)]
+    window = [r["step_times_ms"][r["window"][0] - 1:r["window"][1]] for r in (plain, profiled)]  # each one's own
     assert stats.welch(*window, unit="steps", floor=noise).verdict == stats.SAME  # compare's verdict: no difference
     assert plain["profile"] is None and not (runs["plain"] / "profile.json").exists()
 
@@ -85,7 +88,9 @@ def test_a_profile_inside_the_window_is_part_of_the_contract():
         return contract.build(cfg, resolve(cfg), env)["timing"]
 
     assert timing("profile=window") == timing()  # after the window: nothing measured changes
-    assert timing("profile=window", "profile.steps=[8,9]")["profiled_steps"] == [8, 9]
+    declared = ("contract.window=[4,10]", "profile=window")
+    assert timing(*declared) == timing("contract.window=[4,10]")
+    assert timing(*declared, "profile.steps=[8,9]")["profiled_steps"] == [8, 9]
     # the machine's reference read between the window's steps: work in the loop, so arms that differ are not matched
     assert "reference_every" not in timing() and timing("contract.reference_every=4")["reference_every"] == 4
 

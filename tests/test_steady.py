@@ -94,7 +94,8 @@ def test_the_compiled_pelt_is_ruptures_own_kernel_cpd():
         pen = 4 * math.log(n)
         want = ruptures.KernelCPD(kernel="linear", min_size=3).fit(y.reshape(-1, 1)).predict(pen=pen)
         assert steady.pelt(y, pen) == [int(e) for e in want], n
-        assert steady.pelt(y, pen) == ruptures.Pelt(model="l2", min_size=3, jump=1).fit(y.reshape(-1, 1)).predict(pen=pen)
+        l2 = ruptures.Pelt(model="l2", min_size=3, jump=1).fit(y.reshape(-1, 1))
+        assert steady.pelt(y, pen) == l2.predict(pen=pen)
 
 
 def test_judging_loads_no_scipy_and_starts_no_thread():

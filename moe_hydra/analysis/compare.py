@@ -17,8 +17,8 @@ Verdicts: faster, slower, equivalent (a two-one-sided test within the declared e
 ``compare.equivalence``, default 5 %; needs a measured variance: repeats or a noise file), undecided (with the
 runs per arm that would decide it, when equivalence was tested). An arm that was given a run more
 than once gets no verdict (:data:`DUPLICATED`), nor one that holds a run whose window is not steady
-(:data:`NOT_STEADY`: :mod:`moe_hydra.core.steady`; its figures are shown, and the fix). Runs profiled with ``profile=window`` (profile.json) say which wall
-moved (:mod:`moe_hydra.analysis.profiles`), in the notes. A sweep run with repeat=auto (sequential.json) is noted
+(:data:`NOT_STEADY`: :mod:`moe_hydra.core.steady`; its figures are shown, and the fix). Runs profiled with
+``profile=window`` (profile.json) say which wall moved (:mod:`moe_hydra.analysis.profiles`), in the notes. A sweep run with repeat=auto (sequential.json) is noted
 with its own, sequential verdict.
 """
 

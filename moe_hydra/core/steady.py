@@ -57,8 +57,9 @@ OUTLIER_Z = 5.0  # a step this many sigma from its neighbours' median is an outl
 OUTLIER_HALF_WIDTH = 4  # ... of the steps this far either side
 OUTLIER_RUN = 2  # ... in a run of at most this many
 METHOD = (f"PELT on ln(step time) (ruptures KernelCPD, linear kernel), min segment {MIN_SIZE}, penalty {PENALTY:g} "
-          f"sigma^2 ln(n) (1 + {SHORT:g}/n), sigma from the MAD of first differences; outliers beyond {OUTLIER_Z:g} sigma of the median "
-          f"of +-{OUTLIER_HALF_WIDTH} steps in runs of <= {OUTLIER_RUN}; levels within {TOLERANCE:.0%} merged")
+          f"sigma^2 ln(n) (1 + {SHORT:g}/n), sigma from the MAD of first differences; outliers beyond "
+          f"{OUTLIER_Z:g} sigma of the median of +-{OUTLIER_HALF_WIDTH} steps in runs of <= {OUTLIER_RUN}; levels "
+          f"within {TOLERANCE:.0%} merged")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -114,6 +115,9 @@ def fix(j: Judgment) -> str:
     if j.segment is not None:
         return (f"contract.window=[{j.segment[0]},{j.segment[1]}] lies in the steady segment, or "
                 f"contract.window=auto finds one")
+    if j.auto:
+        return (f"the run has no steady segment of {j.steady_steps} steps: run longer, a larger train.train_iters "
+                f"(contract.window=auto's cap)")
     return (f"the run has no steady segment of {j.steady_steps} steps: run longer with contract.window=auto "
             f"(it steps until it finds one, up to train.train_iters)")
 
@@ -315,9 +319,9 @@ def settled(j: Judgment) -> bool:
 
 
 def validation(steps: int, steady_steps: int = STEADY_STEPS) -> list[str]:
-    """The overrides of a validation run of at least ``steps`` steps (the acceptance gate's 50): ``contract.window=auto``
-    after the warmup that leaves it the history :func:`settled` needs, so its window is the first steady segment it
-    can stop on after that many steps."""
+    """The overrides of a validation run of at least ``steps`` steps (the acceptance gate's 50):
+    ``contract.window=auto`` after the warmup that leaves it the history :func:`settled` needs, so its window is the
+    first steady segment it can stop on after that many steps."""
     return [f"contract.window={AUTO}", f"contract.warmup_steps={max(steps - AUTO_HISTORY * steady_steps, 0)}"]
 
 

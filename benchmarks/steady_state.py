@@ -6,7 +6,7 @@ Two parts:
 noise (log-normal, 1-20 %), judged from step 1 (no declared warmup):
 
 - ``flat``: no change, 30 / 100 / 300 steps; some with isolated stalls (one 3x step, or 2x steps at 2 % of the steps,
-  never two in a row). Counted: how often the judgment calls the last 10 steps not steady (goal <= 5 %), and how
+  never two in a row), some with bursts (3-5 steps 1.4x slow, one per 50 steps, not in the last 15). Counted: how often the judgment calls the last 10 steps not steady (goal <= 5 %), and how
   often its class is not ``flat``.
 - ``warmup``: a warm-up of L = 0-200 steps, then 100 steady steps; its shape a level (the first L steps slower by A,
   as a cache or a compile that ends), or a ramp (slower by A at step 1, falling linearly to the steady time at step
@@ -16,6 +16,9 @@ noise (log-normal, 1-20 %), judged from step 1 (no declared warmup):
 - ``slowdown``: 100 steps, the last 40 slower by 10 % (or faster: a late warm-up). Counted: the class ``slowdown``
   (goal >= 90 % at 2 % noise) and the change's step within +-3.
 - ``drift``: a slow drift of +10 % over 100 steps: how often the judgment sees a change.
+- ``auto``: ``contract.window=auto``'s decision replayed on flat series and on ramps and exponential warm-ups
+  (``--series`` / 4 each): the step it stops at and its window's mean against the known steady time, with its drift
+  rule and without it (the same series), the rule's cost and what it buys.
 
 **Real runs on this machine** (``--real``, a few minutes): ``--repeats`` runs of 100 steps of the default (tiny MoE,
 1 process) and of a 2-process layout (``expert_mesh=ep2``): where the steady segment starts and the class, and where
@@ -66,6 +69,21 @@ def stalls(times: list[float], rng: random.Random, lone: bool) -> list[float]:
     return out
 
 
+def bursts(times: list[float], rng: random.Random) -> list[float]:
+    """A burst of 3-5 steps 1.4x slow, about one per 50 steps (at least 10 steps apart), before the last 15 steps:
+    this CPU's other processes' work."""
+    out, taken = list(times), set()
+    for _ in range(max(1, len(out) // 50)):
+        length = rng.randint(3, 5)
+        i = rng.randrange(0, len(out) - 15 - length)
+        if taken & set(range(i - 10, i + length + 10)):  # bursts apart: one at a time
+            continue
+        taken |= set(range(i, i + length))
+        for k in range(i, i + length):
+            out[k] *= 1.4
+    return out
+
+
 def rate(hits: int, n: int) -> str:
     return f"{hits / n:6.1%}" if n else "   n/a"
 
@@ -76,11 +94,13 @@ def flat(series: int, rng: random.Random) -> list[str]:
     worst = 0.0
     for noise in NOISES:
         for n in (30, 100, 300):
-            for kind in ("none", "lone 3x", "2x at 2 %"):
+            for kind in ("none", "lone 3x", "2x at 2 %", "1.4x bursts"):
                 bad = not_flat = 0
                 for _ in range(series):
                     t = noisy([100.0] * n, noise, rng)
-                    if kind != "none":
+                    if kind == "1.4x bursts":
+                        t = bursts(t, rng)
+                    elif kind != "none":
                         t = stalls(t, rng, lone=kind == "lone 3x")
                     j = steady.judge(t, window=[n - WINDOW + 1, n])
                     bad += not j.window_steady
@@ -148,6 +168,43 @@ def shifts(series: int, rng: random.Random) -> list[str]:
             drift += j.kind != steady.FLAT
         rows.append(f"  {noise:6.0%} {rate(up, series):>14} {rate(up_at, series):>7} {rate(down, series):>14} "
                     f"{rate(drift, series):>12}")
+    return rows
+
+
+def autos(series: int, rng: random.Random) -> list[str]:
+    """contract.window=auto's decision on synthetic series, with its drift rule and without it (DRIFT_Z infinite),
+    the same series: where it stops, and its window's mean against the known steady time."""
+    rows = ["contract.window=auto on synthetic series (steady_steps 10, 300 steps at most): the step it stops at "
+            "(median) and its window's mean against the steady time (median, 90th percentile); with the drift rule / "
+            "without it (the same series)"]
+    cases = [("flat", 0, 0.0), ("ramp", 30, 0.5), ("exponential", 30, 0.5), ("exponential", 80, 1.0)]
+    for shape, length, amplitude in cases:
+        for noise in (0.02, 0.10, 0.20):
+            found = {True: [], False: []}
+            for _ in range(series):
+                levels = [100.0] * 300 if shape == "flat" else warmup_levels(shape, length, amplitude, 300 - length)
+                times = noisy(levels, noise, rng)
+                for drift in (True, False):
+                    saved = steady.DRIFT_Z
+                    steady.DRIFT_Z = saved if drift else math.inf
+                    try:
+                        stop = simulated_auto(times, 0, steady.STEADY_STEPS)
+                    finally:
+                        steady.DRIFT_Z = saved
+                    if stop:
+                        w = stop[1]
+                        found[drift].append((stop[0], sum(times[w[0] - 1:w[1]]) / (w[1] - w[0] + 1) / 100.0 - 1))
+            cells = []
+            for drift in (True, False):
+                got = sorted(found[drift], key=lambda x: x[1])
+                if not got:
+                    cells.append("never stops")
+                    continue
+                steps = sorted(x[0] for x in got)
+                cells.append(f"step {steps[len(steps) // 2]}, {got[len(got) // 2][1]:+.1%} / "
+                             f"{got[int(0.9 * (len(got) - 1))][1]:+.1%}")
+            name = "flat" if shape == "flat" else f"{shape} {length} steps +{amplitude:.0%}"
+            rows.append(f"  {name}, noise {noise:.0%}: {cells[0]}  |  without: {cells[1]}")
     return rows
 
 
@@ -230,7 +287,8 @@ def main() -> None:
     args = p.parse_args()
     rng = random.Random(args.seed)
     print(f"moe_hydra.core.steady: {steady.METHOD}; steady segment >= {steady.STEADY_STEPS} steps")
-    for rows in (flat(args.series, rng), warmups(args.series, rng), shifts(args.series, rng), [judge_time(rng)]):
+    for rows in (flat(args.series, rng), warmups(args.series, rng), shifts(args.series, rng),
+                 autos(args.series // 4, rng), [judge_time(rng)]):
         print("\n".join(rows))
     if args.real:
         with tempfile.TemporaryDirectory() as d:

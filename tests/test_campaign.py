@@ -280,8 +280,12 @@ def test_points_span_two_nodes_and_train_as_on_one(campaign, tmp_path):
         assert {f.name for f in point_dir.glob("*.log")} == {"app.log", "app.rank1.log"}
         task_logs = {f.name for f in Path(p["logs"][0]).parent.glob("*_log.err")}
         assert len(task_logs) == 2
+    # EP2 across two nodes: the one-node EP2 loss curve, step for step (contract.window=auto stops each run on its
+    # own steady segment, so one may have run longer)
     reference = json.loads((tmp_path / "one" / "results.json").read_text())["loss"]["per_step"]
-    assert results(d, 0)["loss"]["per_step"] == reference  # EP2 across two nodes: the one-node EP2 loss curve
+    curve = results(d, 0)["loss"]["per_step"]
+    n = min(len(curve), len(reference))
+    assert n >= 10 and curve[:n] == reference[:n]
 
 
 def test_a_time_limit_requeues_then_ends_timeout_with_its_attempts(campaign):

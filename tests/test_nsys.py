@@ -148,7 +148,8 @@ def fake_nsys(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_local_ranks_run_as_programs_under_nsys(tmp_path, fake_nsys):
     out = tmp_path / "run"
-    spec = _spec(out, "hardware.devices_per_node=2", "expert_mesh=ep2")
+    # a declared window: ten steps, whatever this machine's load (contract.window=auto would step until steady)
+    spec = _spec(out, "hardware.devices_per_node=2", "expert_mesh=ep2", "contract.window=[4,10]")
     results = local.launch_local(spec, 2, out, wrapper=local.nsys_command(out))
     assert results == json.loads((out / "results.json").read_text())  # rank 0's, read back
     assert results["status"] == "ok" and results["steps"] == 10 and results["world_size"] == 2

@@ -19,7 +19,9 @@ from tests.conftest import compose_config, run_cli
 # the communication diff judges measured walls: run alone (make test)
 pytestmark = pytest.mark.serial
 
-EP2 = ("hardware.devices_per_node=2", "expert_mesh=ep2", "logger=none")
+# A declared window, the same steps in every EP2 run: the diffs below compare walls and routers over the same steps
+# (contract.window=auto would stop each run on its own segment); the one-process run profiles after auto's window.
+EP2 = ("hardware.devices_per_node=2", "expert_mesh=ep2", "logger=none", "contract.window=[4,10]")
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +46,7 @@ def profile(run: Path) -> dict:
 def test_every_ranks_walls_sum_to_its_window(runs, arm):
     doc = profile(runs[arm])
     results = json.loads((runs[arm] / "results.json").read_text())
-    first, last = results["window"]  # the steady segment contract.window=auto (the default) stopped on
-    assert results["window_declared"] == "auto" and results["steady"]["window_steady"] is True
+    first, last = results["window"]
     assert doc["steps"] == [last + 1, last + 5] and doc["window"] == [first, last] and doc["perturbs_window"] is False
     assert doc["activities"] == ["CPU"] and len(doc["ranks"]) == 2
     for rank in doc["ranks"]:
@@ -60,12 +61,16 @@ def test_every_ranks_walls_sum_to_its_window(runs, arm):
         assert {f"{walls.STEP}{s}" for s in range(last + 1, last + 6)} <= names
     assert doc["slowest_rank"]["wall_ms"] == max(r["wall_ms"] for r in doc["ranks"])
     assert results["steps"] == last + 5 and results["profile_steps"] == doc["steps"]
-    assert results["steady"]["judged"] == [4, last]  # the profiled steps after the window are not judged
     assert results["profile"]["communication_ms"] == doc["slowest_rank"]["communication_ms"]
 
 
-def test_one_process_has_no_communication(runs):
-    s = profile(runs["ep1"])["slowest_rank"]
+def test_one_process_has_no_communication_and_profiles_after_autos_window(runs):
+    doc, results = profile(runs["ep1"]), json.loads((runs["ep1"] / "results.json").read_text())
+    first, last = results["window"]  # the segment contract.window=auto (the default) stopped on, or its last steps
+    assert results["window_declared"] == "auto" and doc["window"] == [first, last]
+    assert doc["steps"] == [last + 1, last + 5] and results["steps"] == last + 5
+    assert results["steady"]["judged"] == [4, last]  # the profiled steps after the window are not judged
+    s = doc["slowest_rank"]
     assert s["communication_ms"] == 0 and s["exposed_communication_ms"] == 0
     assert abs(sum(s[k] for k in walls.EXCLUSIVE) - s["wall_ms"]) <= 0.01 * s["wall_ms"]
 

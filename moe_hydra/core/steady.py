@@ -17,6 +17,8 @@ manner of Barrett et al., "Virtual Machine Warmup Blows Hot and Cold" (OOPSLA 20
    :data:`MIN_SIZE` steps, penalty :data:`PENALTY` x sigma^2 x ln(n), more for a short series (:func:`penalty`).
 5. **Levels.** Neighbouring segments whose means lie within :data:`TOLERANCE` of each other (relative; all the
    merged ones within it) are one level: a change smaller than that is not worth a warning.
+   A level of at most :data:`BURST` steps above both its neighbours, or below both, is a burst (a few slow steps
+   while another process works, and back): its steps are outliers too, and the search runs again without them.
 6. **Class.** ``flat``: one level as long as ``steady_steps``; ``no_steady_state``: the last level is shorter than
    ``steady_steps`` (the series never settled, or not for long enough to tell); ``warmup``: the last level is the
    fastest; ``slowdown``: an earlier level was faster. The **steady segment** is the last level (``[first, last]``,
@@ -24,8 +26,11 @@ manner of Barrett et al., "Virtual Machine Warmup Blows Hot and Cold" (OOPSLA 20
 7. **Window.** A window is steady when it lies inside the steady segment; one that reaches before it (into a
    warm-up or an earlier level) or that has no segment is not, and the judgment says which window would be
    (``suggested_window``: the segment).
-8. **Auto.** ``contract.window=auto`` stops on a judgment whose steady segment is also at least half of the steps
-   judged, after at least :data:`AUTO_HISTORY` x ``steady_steps`` of them (:func:`settled`).
+8. **Drift.** The segment's least-squares line on the log scale: the relative change across the segment
+   (``drift``) and the slope over its standard error (``drift_z``): a slow fall or rise inside the noise, which PELT
+   places no changepoint in.
+9. **Auto.** ``contract.window=auto`` stops on a judgment whose steady segment is also at least half of the steps
+   judged, after at least :data:`AUTO_HISTORY` x ``steady_steps`` of them, and does not drift (:func:`settled`).
 
 :data:`PENALTY`, :data:`TOLERANCE` and the outlier rule were set on synthetic series with known truth
 (``benchmarks/steady_state.py``: flat, warm-ups of 0-200 steps, shifts, drift, stalls, noise 1-20 %), then checked on
@@ -56,10 +61,13 @@ NOISE_FLOOR = 1e-3  # sigma's least value (relative): a series of identical time
 OUTLIER_Z = 5.0  # a step this many sigma from its neighbours' median is an outlier ...
 OUTLIER_HALF_WIDTH = 4  # ... of the steps this far either side
 OUTLIER_RUN = 2  # ... in a run of at most this many
+BURST = 5  # a level of at most this many steps above (or below) both its neighbours is a burst, not a level
+DRIFT_Z = 1.0  # contract.window=auto stops on no segment whose trend's slope is more standard errors than this
 METHOD = (f"PELT on ln(step time) (ruptures KernelCPD, linear kernel), min segment {MIN_SIZE}, penalty {PENALTY:g} "
           f"sigma^2 ln(n) (1 + {SHORT:g}/n), sigma from the MAD of first differences; outliers beyond "
           f"{OUTLIER_Z:g} sigma of the median of +-{OUTLIER_HALF_WIDTH} steps in runs of <= {OUTLIER_RUN}; levels "
-          f"within {TOLERANCE:.0%} merged")
+          f"within {TOLERANCE:.0%} merged; levels of <= {BURST} steps above or below both neighbours are bursts "
+          f"(outliers); auto stops on no segment whose trend's slope exceeds {DRIFT_Z:g} x its standard error")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -78,6 +86,8 @@ class Judgment:
     window: tuple[int, int] | None = None  # the window judged
     window_steady: bool | None = None  # the window lies inside the segment (None: no window given)
     auto: bool = False  # the window was contract.window=auto's (of_results: results.json's window_declared)
+    drift: float | None = None  # the relative change across the segment by its trend line (outliers as medians)
+    drift_z: float | None = None  # the trend's slope over its standard error; None: no segment
 
     @property
     def suggested_window(self) -> tuple[int, int] | None:
@@ -93,7 +103,7 @@ class Judgment:
                 "levels": [{"first": a, "last": b, "mean_ms": m} for a, b, m in self.levels],
                 "mean_ms": self.mean_ms, "noise": self.noise, "outliers": list(self.outliers),
                 "judged": list(self.judged) if self.judged else None, "steady_steps": self.steady_steps,
-                "method": METHOD}
+                "drift": self.drift, "drift_z": self.drift_z, "method": METHOD}
 
     def describe(self) -> str:
         """One line: the class, the segment, and the window's verdict with its fix."""
@@ -246,6 +256,23 @@ def _levels(bounds: list[tuple[int, int]], y) -> list[tuple[int, int]]:
     return [(g[0][0], g[-1][1]) for g in groups]
 
 
+def _bursts(levels: list[tuple[int, int]], y) -> tuple[list[int], Any]:
+    """Levels of at most :data:`BURST` steps that rise above both their neighbours, or fall below both (a few slow
+    steps, and back): their steps' indices, and the series with each as the mean of the level before it. A short
+    level between a higher and a lower one is a step of a warm-up (or of a slowdown), and the last level may not be
+    over, so neither is a burst."""
+    import numpy as np
+
+    means = [float(np.mean(y[a:b])) for a, b in levels]
+    burst, y = [], y.copy()
+    for i in range(1, len(levels) - 1):
+        a, b = levels[i]
+        if b - a <= BURST and (means[i] - means[i - 1]) * (means[i] - means[i + 1]) > 0:
+            burst += range(a, b)
+            y[a:b] = means[i - 1]
+    return burst, y
+
+
 def penalty(sigma: float, n: int) -> float:
     """The cost of a changepoint in a series of ``n`` steps with noise ``sigma``: :data:`PENALTY` x sigma^2 x ln(n),
     raised by (1 + :data:`SHORT` / n) for a short series, whose sigma, from few differences, is itself uncertain
@@ -275,11 +302,16 @@ def judge(times_ms: Sequence[float], *, warmup_steps: int = 0, window: Sequence[
                         False if win else None)
     sigma = noise_of(y)
     out, clean = _outliers(y, sigma)
-    bounds = [(0, n)]
-    if n >= 2 * MIN_SIZE:
-        ends = pelt(clean, penalty(sigma, n))
-        bounds = list(zip([0, *ends[:-1]], ends))
-    levels = _levels(bounds, clean)
+    for passes in range(4):  # the search again without the bursts it found, three times at most
+        bounds = [(0, n)]
+        if n >= 2 * MIN_SIZE:
+            ends = pelt(clean, penalty(sigma, n))
+            bounds = list(zip([0, *ends[:-1]], ends))
+        levels = _levels(bounds, clean)
+        burst, without = _bursts(levels, clean)
+        if not burst or passes == 3:
+            break
+        out, clean = sorted(set(out) | set(burst)), without
     step = w0 + 1  # the step of y[0]
     shown = tuple((a + step, b - 1 + step, float(np.mean(np.exp(y[a:b])))) for a, b in levels)
     a, b = levels[-1]
@@ -293,29 +325,50 @@ def judge(times_ms: Sequence[float], *, warmup_steps: int = 0, window: Sequence[
     else:
         kind = SLOWDOWN
     segment = None if kind == NO_STEADY_STATE else (a + step, b - 1 + step)
-    mean_ms = noise = None
+    mean_ms = noise = drift = drift_z = None
     if segment:
         mean_ms = float(np.mean(np.exp(y[a:b])))
         kept = [i for i in range(a, b) if i not in set(out)]
         noise = float(np.std(y[kept], ddof=1)) if len(kept) > 1 else 0.0
+        drift, drift_z = _drift(clean[a:b])
     steady = None
     if win is not None:
         steady = bool(segment and segment[0] <= win[0] and win[1] <= segment[1])
     return Judgment(kind, segment, tuple(s + step for s, _ in levels[1:]), shown, mean_ms, noise,
-                    tuple(i + step for i in out), (step, w0 + n), steady_steps, win, steady)
+                    tuple(i + step for i in out), (step, w0 + n), steady_steps, win, steady, drift=drift,
+                    drift_z=drift_z)
+
+
+def _drift(seg) -> tuple[float, float]:
+    """(the relative change across a log-scale segment by its least-squares line, that slope over its standard
+    error): a trend test, which sees a ramp inside the noise sooner than halves' means do."""
+    import numpy as np
+
+    n = len(seg)
+    if n < 4:
+        return 0.0, 0.0
+    x = np.arange(n, dtype=float) - (n - 1) / 2
+    sxx = float(x @ x)
+    slope = float(x @ (seg - np.mean(seg))) / sxx
+    residual = seg - np.mean(seg) - slope * x
+    se = math.sqrt(float(residual @ residual) / (n - 2) / sxx)
+    return math.expm1(slope * (n - 1)), abs(slope) / max(se, NOISE_FLOOR / math.sqrt(sxx))
 
 
 def settled(j: Judgment) -> bool:
     """Whether ``contract.window=auto`` stops on judgment ``j`` of the steps so far: a steady segment that is at
     least half of the steps judged (MSER's rule for a truncation point: in the first half of the series, else the
-    run is too short to tell), after at least :data:`AUTO_HISTORY` x ``steady_steps`` steps judged. A segment of
+    run is too short to tell), after at least :data:`AUTO_HISTORY` x ``steady_steps`` steps judged, and with no trend:
+    its slope within :data:`DRIFT_Z` standard errors, or a change across it under :data:`TOLERANCE`. A segment of
     ``steady_steps`` alone is not enough: a warm-up's plateau looks steady until the next fall (this CPU's tiny
-    model: 50-57 ms for its first 10-15 steps, then 39, then 36; benchmarks/steady_state.py)."""
+    model: 50-57 ms for its first 10-15 steps, then 39, then 36), and a slow fall inside a noisy CPU's 20 % looks
+    flat to PELT (a profiled sweep's first run: 160 ms falling to 110 over 20 steps; benchmarks/steady_state.py)."""
     if j.segment is None or j.judged is None:
         return False
     judged = j.judged[1] - j.judged[0] + 1
     length = j.segment[1] - j.segment[0] + 1
-    return judged >= AUTO_HISTORY * j.steady_steps and 2 * length >= judged
+    still = j.drift_z is None or j.drift_z <= DRIFT_Z or abs(j.drift or 0.0) < TOLERANCE
+    return judged >= AUTO_HISTORY * j.steady_steps and 2 * length >= judged and still
 
 
 def validation(steps: int, steady_steps: int = STEADY_STEPS) -> list[str]:

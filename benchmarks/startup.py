@@ -5,7 +5,8 @@ Measured in one run of this script, on this machine:
 
 - the bare import: the wall time of ``python -c "import torch, megatron.core"`` (``--bare`` times, the median), the
   least any fresh process that trains pays before it builds anything;
-- the start-up of ``python -m moe_hydra logger=none`` (the default: tiny_moe, one process, 10 steps), as its
+- the start-up of ``python -m moe_hydra logger=none contract.window=[4,10]`` (tiny_moe, one process, 10 steps, so
+  that every run trains the same steps), as its
   ``results.json`` ``startup.seconds`` records it: from the command's start (the kernel's start time of its
   process) to the start of step 1 on rank 0, on CLOCK_BOOTTIME; and each command's wall time, start to exit;
 - spawned (``MOE_HYDRA_WARM=0``, ``--cold`` runs) and warm runs alternate; the first warm run starts the server
@@ -36,6 +37,7 @@ import time
 from pathlib import Path
 
 GOAL_S = 4.0
+WINDOW = "contract.window=[4,10]"  # ten steps in every run (contract.window=auto stops each on its own steady segment)
 
 
 def _bare() -> float:
@@ -48,7 +50,7 @@ def _bare() -> float:
 
 def _run(tmp: Path, name: str, env: dict[str, str]) -> dict:
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "moe_hydra", f"hydra.run.dir={tmp}/{name}", "logger=none"], cwd=tmp,
+    r = subprocess.run([sys.executable, "-m", "moe_hydra", f"hydra.run.dir={tmp}/{name}", "logger=none", WINDOW], cwd=tmp,
                        env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if r.returncode:

@@ -18,7 +18,11 @@
    ``--reference-every``-th step of its window, as the calibration did between its step blocks: the prediction
    carried to the machine as the run found it (``moe_hydra.core.calibrated_step.carried``: times the ratio of the
    two readings) judged the same way, beside the plain one. The plain prediction is what a plan can know before a
-   run; the carried one what the model's structure is worth once the machine's own drift is taken out.
+   run; the carried one what the model's structure is worth once the machine's own drift is taken out;
+6. the calibrated 90 % interval (``step_time.interval_s``) on the real runs: the share it held, its median width,
+   the share predicted too fast, and the pairs of one model and group the calibration ordered wrong; each row and
+   these figures go to ``DIR/heldout.json`` (run it at different hours, each in its own ``--dir``, to see the
+   method's spread, not one calibration's). Runs whose window is not steady are left out.
 
 Goals (issue 36): median <= 0.10, p90 <= 0.20, worst <= 0.30; the measured best predicted in every group. Takes
 about an hour on 2 cores (the calibrations 13-14 minutes of it); run it alone (another load moves the step times).
@@ -31,6 +35,7 @@ about an hour on 2 cores (the calibrations 13-14 minutes of it); run it alone (a
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
 import statistics
@@ -41,6 +46,7 @@ import time
 from pathlib import Path
 
 from moe_hydra.core import calibrated_step as cs
+from moe_hydra.core import steady
 
 BASE = ["hardware.devices_per_node=2", "logger=none"]
 WIDE = ["model.hidden_size=256", "model.ffn_hidden_size=1024", "model.num_attention_heads=8",
@@ -126,6 +132,9 @@ def measure(root: Path, name: str, overrides: list[str], runs: int, window: int,
                 print(f"  {name}: run {i} failed: {(r.stdout + r.stderr).strip().splitlines()[-1]}", flush=True)
                 continue
         if (res := finished(d / "results.json")) is not None:
+            if steady.of_results(res).window_steady is False:
+                print(f"  {name}: run {i}'s window is not steady: left out", flush=True)
+                continue
             out.append(res)
     return out
 
@@ -219,7 +228,9 @@ def main() -> None:
         steady = seconds * mean / here if here else None
         before = earlier_runs(a.earlier, name)
         earlier = statistics.fmean(before) if before else None
+        low, high = st["interval_s"]
         rows.append({"model": model, "group": group, "layout": layout, "predicted": seconds, "measured": mean,
+                     "interval_s": [low, high], "covered": low <= mean <= high, "too_fast": seconds < mean,
                      "err": err, "noise": noise, "name": name, "overrides": overrides, "earlier": earlier,
                      "carried": here, "carried_err": abs(math.log(here / mean)) if here else None,
                      "steady": steady})
@@ -266,6 +277,36 @@ def main() -> None:
               f"{chosen['layout']} ({chosen['measured'] * 1e3:.1f} ms measured): "
               + ("the best or within 5 %" if ok else "MISSED") + then)
     print(f"best layout predicted (or within 5 %) in {hits} of {len(groups)} groups")
+    figures = {"calibrated_at": {m: datetime.datetime.fromtimestamp(c.stat().st_mtime).isoformat(timespec="minutes")
+                                 for m, c in cals.items()},
+               "configurations": len(rows), **interval_figures(rows), **ordering(rows)}
+    print(f"the calibrated {figures['coverage']:.0%} interval held {figures['covered']} of {len(rows)} runs "
+          f"({figures['held']:.0%}; goal >= 85 %), median width x{figures['median_width']:.2f} (<= x1.5); predicted "
+          f"too fast for {figures['too_fast']:.0%} of them (neither side > 75 %); pairs of one model and batch ordered "
+          f"wrong: {figures['pairs_wrong']} of {figures['pairs']}")
+    (root / "heldout.json").write_text(json.dumps({"figures": figures, "rows": rows}, indent=1))
+    print(f"each row and the figures: {root / 'heldout.json'}")
+
+
+def interval_figures(rows: list[dict]) -> dict:
+    """How the calibrated interval did on the real runs: the share it held, its median width (high / low) and the
+    share of runs predicted too fast (an interval that errs on one side is a model that misses a term)."""
+    return {"coverage": 0.9, "covered": sum(r["covered"] for r in rows),
+            "held": sum(r["covered"] for r in rows) / len(rows),
+            "median_width": statistics.median(r["interval_s"][1] / r["interval_s"][0] for r in rows),
+            "too_fast": sum(r["too_fast"] for r in rows) / len(rows),
+            "median_abs_ln": statistics.median(r["err"] for r in rows)}
+
+
+def ordering(rows: list[dict]) -> dict:
+    """The pairs of configurations of one model and group (one batch, other layouts): how many the calibration
+    ordered wrong (predicted faster, measured slower)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["group"]), []).append(r)
+    pairs = [(a, b) for g in groups.values() for i, a in enumerate(g) for b in g[i + 1:]]
+    wrong = sum((a["predicted"] - b["predicted"]) * (a["measured"] - b["measured"]) < 0 for a, b in pairs)
+    return {"pairs": len(pairs), "pairs_wrong": wrong}
 
 
 if __name__ == "__main__":

@@ -8,8 +8,10 @@ step time, within physical bounds, the hardware rates held near what kernels are
 the better of two starts) on every source but one and judged on the rows of the one left out, for each source in
 turn (leave one source out: a source is one release's table, so the other releases of the same recipes stay in the
 fit), then once more leaving one model out. Printed: each row's held-out prediction and error, median / 90th
-percentile / worst |ln(predicted / measured)|, the ranking error between rows of one model, cluster and source, and
-the memory rows (estimate without the declared allowance vs the allocator's peak).
+percentile / worst |ln(predicted / measured)|, the ranking error between rows of one model, cluster and source and
+how well their order is predicted (the tie ratio, ``calibration.order_width``), the measured coverage of the 80 % and
+90 % intervals leaving each source out with their median width (``calibration.intervals``), and the memory rows
+(estimate without the declared allowance vs the allocator's peak).
 
     python benchmarks/step_model_calibration.py                    # the report (held-out errors)
     python benchmarks/step_model_calibration.py --fit              # also the fit on every row: the defaults
@@ -111,7 +113,7 @@ def search_ranks(timed: list[Row]) -> dict[str, tuple[int | None, bool]]:
             for res in ranked:
                 lo = res.layout
                 ranks.setdefault((lo.tp, lo.cp, lo.pp, lo.vpp, lo.ep, lo.etp), res.rank)
-            cache[key] = (ranks, len(search.tied_set(ranked)))
+            cache[key] = (ranks, len(search.tied_set(ranked, s.tie_width)))
         lo = row.r.layout
         ranks, tied = cache[key]
         rank = ranks.get((lo.tp, lo.cp, lo.pp, lo.vpp, lo.ep, lo.etp))
@@ -148,6 +150,10 @@ def memory_rows(all_rows: list[Row]) -> list[tuple[str, float, float]]:
             print(f"memory {r.name:56s} estimate {est:8.3f} GiB  measured {measured:8.3f} GiB  "
                   f"{est / measured - 1:+6.1%}  ({r.row['published'].get('memory_counter')})")
     return out
+
+
+def _share(x: float | None) -> str:
+    return "none" if x is None else f"{x:.1%}"
 
 
 def main() -> None:
@@ -192,6 +198,26 @@ def main() -> None:
         part = ranking_error(of_kind, held)
         print(f"  of which {LABEL[kind]}: {part['rows']} pairs, median |ln| {part['median']:.3f}, "
               f"p90 {part['p90']:.3f}")
+    for kind, order in calibration.ordering(timed, held).items():
+        print(f"  ordering of {LABEL[kind]} pairs ({order['of']}): {order['wrong']} of {order['pairs']} ordered wrong; "
+              f"spread {order['sigma']:.3f} (95 % upper {order['sigma_upper']:.3f}): tied below "
+              f"x{order['tie_ratio']:.3f}, where the pairs predicted further apart were ordered wrong in {_share(order['wrong_apart'])}, the "
+              f"closer ones in {_share(order['wrong_within'])}")
+    for coverage in (0.8, 0.9):
+        for kind, iv in calibration.intervals(timed, held, coverage).items():
+            print(f"{coverage:.0%} interval of {LABEL[kind]} rows ({iv['of']}, {iv['sources']} sources, each weighing "
+                  f"the same): x/exp({iv['log_width']:.3f}); leaving each source out it held "
+                  f"{iv['held_out_coverage']:.1%} of the rows (worst {iv['worst_source']} "
+                  f"{iv['by_source'][iv['worst_source']]:.1%}), median width (high / low) x{iv['median_width']:.2f}")
+            print("    " + ", ".join(f"{src} {share:.0%}" for src, share in iv["by_source"].items()))
+            for arch, a in iv["by_arch"].items():
+                own = a["own"]
+                print(f"    on {arch} ({a['kind']['rows']} rows): it held {a['kind']['held_out_coverage']:.1%} (worst "
+                      f"{a['kind']['worst_source']} {a['kind']['by_source'][a['kind']['worst_source']]:.0%})"
+                      + (f"; its own x/exp({own['log_width']:.3f}) held {own['held_out_coverage']:.1%} (worst "
+                         f"{own['worst_source']} {own['by_source'][own['worst_source']]:.0%}), median width "
+                         f"x{own['median_width']:.2f}" if own else "; too few sources for its own")
+                      + f": plans use the {'generation' if a['uses'] == 'own' else 'kind'}'s")
     choices = group_choices(timed, held)
     print(f"layout choices ({len(choices)} groups of one source, model and cluster, held out): measured best in the "
           f"predicted top 3 in {sum(c['best_in_top3'] for c in choices)}; predicted best within 5 % of the measured "

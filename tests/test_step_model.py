@@ -40,14 +40,14 @@ def test_the_plan_states_its_prediction_with_the_held_out_range_on_gpus_and_none
     st = p["step_time"]
     assert st["seconds"] == pytest.approx(sum(st["terms"].values()))  # the terms add up to the step
     lo, hi = st["interval_s"]
-    spread = math.exp(step_model.HELD_OUT["moe"]["p90"])  # the MoE rows' range, wider than the dense rows'
-    assert st["interval_of"] == "moe" and spread > math.exp(step_model.HELD_OUT["dense"]["p90"])
+    spread = math.exp(step_model.HELD_OUT["interval"]["moe"]["log_width"])  # the MoE sources' 90 % range
+    assert st["interval_of"] == "moe" and st["coverage"] == 0.9 and 0 < st["held_out_coverage"] <= 1
     assert lo == pytest.approx(st["seconds"] / spread) and hi == pytest.approx(st["seconds"] * spread)
     assert lo <= 17.6 <= hi and st["held_out"]["scheme"] == "leave one source out"
     dense = plan.make_plan(resolve(compose_config("stage=plan", "model=gpt3_175b", "hardware=a100_sxm",
                                                   "hardware.nodes=8", "parallel.tensor_model_parallel_size=8",
                                                   "parallel.pipeline_model_parallel_size=8")), [], ENV)["step_time"]
-    spread = math.exp(step_model.HELD_OUT["dense"]["p90"])
+    spread = math.exp(step_model.HELD_OUT["interval"]["dense"]["log_width"])
     assert dense["interval_of"] == "dense"
     assert dense["interval_s"] == pytest.approx([dense["seconds"] / spread, dense["seconds"] * spread])
     assert "measured_runs.yaml" in st["calibration"]

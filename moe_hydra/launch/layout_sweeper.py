@@ -11,9 +11,9 @@
    ranking with every step-time term; write ``layouts.json`` and a ready-to-run sweep of the top
    layouts (``search/experiment/layout_NN.yaml`` + ``run_top.sh``) into the sweep directory.
 3. Unless ``stage=plan`` (or ``fit``), screen the layouts the step model cannot tell from the best (``tied``
-   in ``layouts.json``: predicted within its held-out ranking error, ``tie_width``), at most ``top_k`` of
-   them, with short real runs through the configured launcher (local processes or Slurm): a short contract
-   (``screen_window``: auto, each run stepping until its step times are steady, or a declared window; after
+   in ``layouts.json``: predicted within the ratio it orders with 95 % confidence, ``tie_width``), at most
+   ``top_k`` of them, with short real runs through the configured launcher (local processes or Slurm): a short
+   contract (``screen_window``: auto, each run stepping until its step times are steady, or a declared window; after
    ``screen_warmup`` steps), every arm with the same global batch and contract hash; a layout whose window is not
    steady is listed with its judgment, not ranked.
    Rank them by
@@ -171,7 +171,7 @@ class LayoutSweeperImpl(Sweeper):
             return self._outcome("PLANNED")
         tied = [r for r in ranked if r["tied"]]  # what the step model cannot tell apart: screening measures it
         if len(tied) > self.top_k:
-            log.info("%d layouts are tied with the best within the step model's held-out error (x%.2f); screening "
+            log.info("%d layouts are tied with the best (within x%.2f the model cannot order them); screening "
                      "the first %d (hydra.sweeper.top_k)", len(tied), report["tie_width"], self.top_k)
         screening, returns = self._screen(cfg, s, tied[: self.top_k], base, sweep_dir)
         report["screening"] = screening
@@ -380,8 +380,11 @@ def render_ranking(report: dict, rows: int):
     comm = len(report["communication_settings"]) > 1
     top = [x for x in report["candidates"] if x["rank"]][:rows]
     terms = [k for k in TERMS if any(r["terms_s"][k] for r in top)]  # the terms that are zero throughout: left out
-    t.caption = (f"tie: predicted within x{report['tie_width']:.2f} of the best (the step model's held-out ranking "
-                 f"error), indistinguishable before measuring: {report['tied']} layouts")
+    t.caption = (f"tie: predicted within x{report['tie_width']:.2f} of the best (the model orders two layouts that "
+                 f"close right with less than 95 % confidence), indistinguishable before measuring: "
+                 f"{report['tied']} layouts" + (f"; the step model alone tied {report['tied_uncalibrated']} "
+                                                f"(x{report['tie_width_uncalibrated']:.2f})"
+                                                if "tied_uncalibrated" in report else ""))
     t.caption_justify = "left"
     for col in ("#", "tie", "layout", "MBS", *(("dispatcher",) if comm else ()), "recompute", "GiB", "step s", *terms):
         t.add_column(col, justify="left" if col in ("layout", "dispatcher", "recompute") else "right")

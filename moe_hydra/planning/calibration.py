@@ -43,7 +43,7 @@ from moe_hydra.core import flops, overrides, step_model_fit
 from moe_hydra.core.resolved import resolve
 from moe_hydra.core.schema import Config, StepModelConfig
 from moe_hydra.planning import memory, plan, rules, search
-from moe_hydra.planning.step_model import StepModel
+from moe_hydra.planning.step_model import COVERAGE, StepModel
 
 Compose = Callable[[Sequence[str]], Config]
 
@@ -319,19 +319,150 @@ def summary(errors: list[float]) -> dict[str, float]:
 
 def ranking_error(timed: list[Row], errors: dict[str, float]) -> dict[str, float]:
     """|ln| error of the ratio of two rows' step times, over every pair of rows of one model, cluster and source
-    (what choosing between layouts needs): median and 90th percentile."""
+    (what choosing between layouts needs, :func:`pairs_of`): median and 90th percentile."""
+    pairs = [predicted - measured for predicted, measured in pairs_of(timed, errors)]
+    return summary(pairs) if pairs else {"rows": 0}
+
+
+ORDER_CONFIDENCE = 0.95  # two layouts are tied when the model orders them right with less than this probability
+
+
+def pairs_of(timed: list[Row], errors: dict[str, float]) -> list[tuple[float, float]]:
+    """(predicted, measured) ln ratio of every pair of rows of one model, cluster and source (the pairs of
+    :func:`ranking_error`), the predictions held out (``errors``: row name -> ln(predicted / measured))."""
     groups: dict[tuple, list[Row]] = {}
-    for r in timed:  # rows of other batches and sequences compare by the same ratio of errors
+    for r in timed:
+        # rows of other batches and sequences compare by the same ratio of errors
         groups.setdefault((r.row["source"], r.row["model"], *(r.row.get("extra_overrides") or ()), r.row["gpu"],
                            r.row["num_gpus"]), []).append(r)
-    pairs = [errors[a.name] - errors[b.name] for g in groups.values() for i, a in enumerate(g) for b in g[i + 1:]]
-    return summary(pairs) if pairs else {"rows": 0}
+    out = []
+    for g in groups.values():
+        for i, a in enumerate(g):
+            for b in g[i + 1:]:
+                measured = math.log(a.measured / b.measured)
+                out.append((measured + errors[a.name] - errors[b.name], measured))
+    return out
+
+
+def order_width(pairs: Sequence[tuple[float, float]], confidence: float = ORDER_CONFIDENCE) -> dict[str, Any]:
+    """How well a model orders pairs as a function of their predicted ln ratio ``d``: P(wrong order | d) =
+    Phi(-|d| / sigma), the probit of a pair error of spread sigma, fitted by maximum likelihood on whether each
+    pair was ordered right (``pairs``: (predicted, measured) ln ratios; a measured tie is never wrong). The pairs
+    near the boundary decide sigma, not the tails of the error. ``tie_ratio``: the predicted ratio below which the
+    order is right with less than ``confidence``, exp(z sigma) at sigma's one-sided ``confidence`` upper bound
+    (the profile likelihood's), so a few pairs give a wide ratio; and the share ordered wrong among the pairs
+    predicted further apart and closer than it."""
+    import numpy as np
+    from scipy import optimize, stats
+
+    d = np.abs([p for p, _ in pairs])
+    wrong = np.array([p * m < 0 for p, m in pairs], dtype=float)
+
+    def nll(log_sigma: float) -> float:
+        p = np.clip(stats.norm.cdf(-d / math.exp(log_sigma)), 1e-12, 1 - 1e-12)
+        return float(-(wrong * np.log(p) + (1 - wrong) * np.log1p(-p)).sum())
+
+    lo, hi = math.log(1e-4), math.log(10.0)
+    best = optimize.minimize_scalar(nll, bounds=(lo, hi), method="bounded")
+    limit = best.fun + stats.chi2.ppf(2 * confidence - 1, 1) / 2
+    upper = hi if nll(hi) <= limit else optimize.brentq(lambda s: nll(s) - limit, best.x, hi)
+    ratio = math.exp(stats.norm.ppf(confidence) * math.exp(upper))
+    apart = d >= math.log(ratio)
+    return {"confidence": confidence, "pairs": len(pairs), "wrong": int(wrong.sum()),
+            "sigma": round(math.exp(best.x), 4), "sigma_upper": round(math.exp(upper), 4),
+            "tie_ratio": round(ratio, 4),
+            "wrong_apart": round(float(wrong[apart].mean()), 3) if apart.any() else None,
+            "wrong_within": round(float(wrong[~apart].mean()), 3) if (~apart).any() else None}
+
+
+def ordering(timed: list[Row], held: dict[str, float], confidence: float = ORDER_CONFIDENCE) -> dict[str, Any]:
+    """Each kind's :func:`order_width` of its held-out pairs (every kind's pairs where it has none)."""
+    out = {}
+    for kind, of_kind in by_kind(timed).items():
+        mine = pairs_of(of_kind, held)
+        out[kind] = {**order_width(mine or pairs_of(timed, held), confidence), "of": kind if mine else "every kind"}
+    return out
 
 
 def by_kind(timed: list[Row]) -> dict[str, list[Row]]:
     """The MoE rows and the dense ones, under the held-out figures' keys (``moe``, ``dense``)."""
     return {kind: [r for r in timed if bool(r.r.arch.experts) == moe]
             for kind, moe in (("moe", True), ("dense", False))}
+
+
+MIN_SOURCES = 3  # a kind with fewer sources takes its interval from every source's rows
+
+
+def source_quantile(errors: list[tuple[str, float]], coverage: float = COVERAGE) -> float:
+    """The |ln| width that holds ``coverage`` of the rows when each source weighs the same (each row 1 / its
+    source's rows): the pooled empirical distribution of Dunn, Wasserman and Ramdas, "Distribution-free prediction
+    sets for two-layer hierarchical models" (2022), whose unit is the source, not the row. Rows of one source err
+    together (one release's table, one recipe's settings), so a source of 100 rows would otherwise set the width
+    for all. Without the finite-sample term (coverage x (1 + 1/S)): with 7 MoE sources it asks for the worst error
+    seen, a x6 range no one could choose with."""
+    count: dict[str, int] = {}
+    for source, _ in errors:
+        count[source] = count.get(source, 0) + 1
+    weighted = sorted((abs(e), 1.0 / (count[source] * len(count))) for source, e in errors)
+    total = 0.0
+    for e, w in weighted:
+        total += w
+        if total >= coverage - 1e-9:
+            return e
+    return weighted[-1][0]
+
+
+def intervals(timed: list[Row], held: dict[str, float], coverage: float = COVERAGE) -> dict[str, Any]:
+    """Each kind's interval (``moe``, ``dense``): :func:`interval_of` its rows, the width from its own rows' errors,
+    or every row's where the kind has fewer than :data:`MIN_SOURCES` sources. Under ``by_arch``, for each hardware
+    generation (``hardware.arch``) of the kind: how the kind's interval held its rows leaving each source out
+    (``kind``), and where its rows come from at least :data:`MIN_SOURCES` sources, the generation's own interval
+    (``own``), which a plan uses (``uses``) only where it meets the held-out standard the kind's is held to
+    (:func:`meets`)."""
+    def enough(rows: list[Row]) -> bool:
+        return len({r.row["source"] for r in rows}) >= MIN_SOURCES
+
+    out: dict[str, Any] = {}
+    for kind, of_kind in by_kind(timed).items():
+        pool = of_kind if enough(of_kind) else timed
+        out[kind] = {**interval_of(of_kind, pool, held, coverage), "of": kind if pool is of_kind else "every source"}
+        by_arch = {}
+        for arch in sorted({r.cfg.hardware.arch for r in of_kind}):
+            rows = [r for r in of_kind if r.cfg.hardware.arch == arch]
+            own = {**interval_of(rows, rows, held, coverage), "of": f"{kind} on {arch}"} if enough(rows) else None
+            by_arch[arch] = {"kind": interval_of(rows, pool, held, coverage), "own": own,
+                             "uses": "own" if own is not None and meets(own) else "kind"}
+        out[kind]["by_arch"] = by_arch
+    return out
+
+
+def meets(iv: dict[str, Any]) -> bool:
+    """The held-out standard of an interval (issue 69's goals): leaving each source out it held at least
+    coverage - 5 points of the rows, no source under 60 %, at a median width (high / low) of at most 3."""
+    return (iv["held_out_coverage"] >= iv["coverage"] - 0.05 and min(iv["by_source"].values()) >= 0.6
+            and iv["median_width"] <= 3)
+
+
+def interval_of(rows: list[Row], pool: list[Row], held: dict[str, float], coverage: float) -> dict[str, Any]:
+    """The interval of ``rows``: its |ln| width (:func:`source_quantile` of the held-out errors of ``pool``), and the
+    coverage measured leaving sources out: each source's rows against the width the other sources of ``pool``
+    give (pooled over the rows, each source's, the worst, and the median width high / low). The errors are
+    themselves held out (each source's from a fit without it), the width is not refitted per source (jackknife+'s
+    shortcut)."""
+    errors = [(r.row["source"], held[r.name]) for r in pool]
+    by_source, widths, covered = {}, [], 0
+    for src in sorted({r.row["source"] for r in rows}):
+        width = source_quantile([(s, e) for s, e in errors if s != src], coverage)
+        mine = [abs(held[r.name]) for r in rows if r.row["source"] == src]
+        hits = sum(e <= width for e in mine)
+        by_source[src] = round(hits / len(mine), 3)
+        covered += hits
+        widths.append(math.exp(2 * width))
+    worst = min(by_source, key=by_source.__getitem__)
+    return {"coverage": coverage, "log_width": round(source_quantile(errors, coverage), 3),
+            "sources": len({s for s, _ in errors}), "rows": len(rows),
+            "held_out_coverage": round(covered / len(rows), 3), "by_source": by_source, "worst_source": worst,
+            "median_width": round(statistics.median(widths), 2)}
 
 
 def held_out(timed: list[Row], held: dict[str, float]) -> dict[str, Any]:
@@ -347,7 +478,8 @@ def held_out(timed: list[Row], held: dict[str, float]) -> dict[str, Any]:
     return {"scheme": "leave one source out", "sources": len({r.row["source"] for r in timed}),
             **{n: everything[n] for n in ("rows", "median", "p90", "worst")},
             **{kind: part(of_kind) for kind, of_kind in by_kind(timed).items()},
-            **{n: everything[n] for n in ("ranking_pairs", "ranking_median", "ranking_p90")}}
+            **{n: everything[n] for n in ("ranking_pairs", "ranking_median", "ranking_p90")},
+            "interval": intervals(timed, held), "ordering": ordering(timed, held)}
 
 
 # The overrides a row's search does not take as given: the layout it chooses, and what the key below names.

@@ -81,7 +81,8 @@ def plan_table(plan: dict[str, Any]):
     measured = st.get("calibration") if isinstance(st.get("calibration"), dict) else None
     if measured and not measured["applies"]:
         t.add_row("calibration", f"{measured['file']} does not hold for this plan: {'; '.join(measured['differences'])}"
-                  + ("" if st.get("seconds") else " (no prediction on this hardware without one)"))
+                  + ("" if st.get("seconds") else " (no prediction on this hardware without one)")
+                  + (f". To extend it: {measured['extend']}" if measured.get("extend") else ""))
     if st.get("seconds"):
         mfu = f", MFU {st['mfu']:.1%}" if st["mfu"] is not None else ""
         lo, hi = st["interval_s"]
@@ -101,7 +102,11 @@ def plan_table(plan: dict[str, Any]):
                               f" and {scaled['across_nodes_gb_per_s']:.3g} GB/s across nodes (not measured: "
                               f"{scaled['across_nodes_from'].split(':')[0]})"))
         else:
-            where = f"90 % of held-out {'MoE' if st['interval_of'] == 'moe' else 'dense'} runs fall in this range"
+            where = (f"{st['coverage']:.0%} of held-out {'MoE' if st['interval_of'] == 'moe' else 'dense'} runs, each "
+                     f"source weighing the same; leaving each source out it held {st['held_out_coverage']:.0%} "
+                     f"(the worst source {st['worst_source_coverage']:.0%}"
+                     + (f"; on {st['arch']} {st['held_out_coverage_on_arch']:.0%}"
+                        if st.get("held_out_coverage_on_arch") is not None else "") + ")")
             source = "moe_hydra.planning.step_model; a ranking aid"
         t.add_row("predicted step", f"{st['seconds']:.3f} s ({lo:.3g}-{hi:.3g} s: {where}): "
                   f"{st['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, {st['tflops_per_gpu']:.3g} TFLOP/s/GPU{mfu} "

@@ -272,6 +272,7 @@ class Result:
     # with hardware.calibration: whether the terms are the calibration's (True) or the priors' (False: it does not
     # hold for this layout); None without one
     calibrated: bool | None = None
+    prior_step: float | None = None  # with a calibration that holds for it: the step model's own step time
 
     @property
     def layout(self) -> Layout:
@@ -385,8 +386,9 @@ class Search:
         # hardware.calibration: the layouts it holds for are ranked by what it measured, their ties by its held-out
         # error (the rules refused a file that is none, or of another device kind or implementation: K01)
         self.calibration = calibrated_step.load(cfg.hardware.calibration)[0] if calibrated_step.named(cfg) else None
+        self.model_tie_width = step_model.tie_width("moe" if self.arch.experts else "dense")
         self.tie_width = (math.exp(self.calibration["step"]["held_out"]["p90"]) if self.calibration
-                          else step_model.tie_width())
+                          else self.model_tie_width)
 
     # ------------------------------------------------------------------ a candidate as a resolved plan
 
@@ -506,6 +508,7 @@ class Search:
             estimate = step_time.estimate(self.calibration, r, worst.dense, worst.expert)
             res.calibrated = not isinstance(estimate, list)
             if res.calibrated:
+                res.prior_step = res.terms["step"]
                 res.terms = {**estimate[1], "step": estimate[0]}
 
     def overrides(self, r: Result) -> list[str]:
@@ -539,11 +542,14 @@ class Search:
             "step_time_model": {"model": "moe_hydra.planning.step_model (analytic; see its documentation)",
                                 "calibration": step_model.CALIBRATION, "held_out": step_model.HELD_OUT,
                                 **dataclasses.asdict(cfg.step_model)},
-            # layouts whose predicted step is within this ratio of the best are ties (the held-out ranking error)
+            # layouts whose predicted step is within this ratio of the best are ties (the model cannot order them)
             **({"calibration": {"file": str(calibrated_step.resolve_path(cfg.hardware.calibration)),
                                 "held_out": self.calibration["step"]["held_out"],
                                 "calibrated": sum(bool(r.calibrated) for r in ranked)}} if self.calibration else {}),
             "tie_width": self.tie_width, "tied": len(tied),
+            # the tie set the step model alone gives, and what the calibration made of it
+            **({"tie_width_uncalibrated": self.model_tie_width,
+                "tied_uncalibrated": uncalibrated_ties(ranked, self.model_tie_width)} if self.calibration else {}),
             "communication_settings": [c.describe() for c in self.comms],
             # overrides for the best: the rest follow from parallel, micro_batch_size and recompute
             "candidates": [{**r.as_dict(), **({"tied": i < len(tied)} if r.rank else {}),
@@ -874,16 +880,23 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def tied_set(ranked: list[Result], width: float | None = None) -> list[Result]:
+def tied_set(ranked: list[Result], width: float) -> list[Result]:
     """The leading ranked layouts the step model cannot tell from the best: predicted within ``width`` of its step
-    time (:func:`moe_hydra.planning.step_model.tie_width`, the held-out error of the ratio of two predictions, by
-    default; a calibration's held-out error with one), from the same source as the best's. What screening
-    measures, rather than a fixed top-K."""
+    time (:attr:`Search.tie_width`: :func:`moe_hydra.planning.step_model.tie_width`, the ratio the model orders two
+    layouts right at with 95 % confidence; a calibration's held-out error with one), from the same source as the
+    best's. What screening measures, rather than a fixed top-K."""
     if not ranked:
         return []
-    bound = ranked[0].terms["step"] * (width or step_model.tie_width())
+    bound = ranked[0].terms["step"] * width
     return list(itertools.takewhile(lambda r: r.terms["step"] <= bound and r.calibrated == ranked[0].calibrated,
                                     ranked))
+
+
+def uncalibrated_ties(ranked: list[Result], width: float) -> int:
+    """How many of the ranked layouts the step model alone could not tell from its own best (``width``: its tie
+    ratio), with a calibration: by the step model's time where the calibration replaced it (``prior_step``)."""
+    steps = [r.terms["step"] if r.prior_step is None else r.prior_step for r in ranked]
+    return sum(s <= min(steps) * width for s in steps) if steps else 0
 
 
 def rank(results: list[Result], domain: int, seq: int) -> None:

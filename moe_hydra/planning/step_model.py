@@ -66,8 +66,9 @@ nominal ones (1 TFLOP/s, 10 GB/s, 0.01 TB/s), so a ranking still exists.
 benchmarks/data/measured_runs.yaml (:data:`CALIBRATION`, :mod:`moe_hydra.planning.calibration`), the hardware rates
 (GEMM, attention, NVLink, NIC) held near what kernel and NCCL benchmarks measure where the runs do not pin them;
 :data:`HELD_OUT` is how well they predict rows they were not fitted to (leave one source out), and every prediction
-carries that range (:func:`interval`); layouts whose predicted times differ by less than the held-out ranking error
-are ties (:func:`tie_width`). Both, and ``step_model.*``'s defaults, are read from one file,
+carries the range that held 90 % of them, each source weighing the same (:func:`interval`); layouts whose predicted
+times differ by less than the ratio the held-out pairs were ordered right at with 95 % confidence are ties
+(:func:`tie_width`). Both, and ``step_model.*``'s defaults, are read from one file,
 ``moe_hydra/core/step_model_fit.json`` (:mod:`moe_hydra.core.step_model_fit`), which the calibration writes with
 the fingerprint of this module among others: a change here that the file was not refitted for fails
 tests/test_calibration.py. The model leaves out routing imbalance, network contention, kernel-level details and
@@ -104,20 +105,48 @@ CALIBRATION = ("sustained fractions fitted (benchmarks/step_model_calibration.py
                "BF16, FP8, MXFP8), vTrain's dense GPT runs on A100, one H200")
 
 
-def interval(seconds: float, kind: str) -> list[float]:
-    """The range 90 % of the held-out rows of the model's kind (``moe`` or ``dense``) fall in around a predicted step
-    time: x / exp(p90) to x exp(p90). By kind because the two err differently (MoE rows: p90 0.355, dense: 0.182); one
-    spread over both would state a MoE prediction too narrow and a dense one too wide."""
-    spread = math.exp(HELD_OUT[kind]["p90"])
+COVERAGE = 0.9  # the nominal coverage of every plan's step-time interval (plan.json: step_time.coverage)
+
+
+def interval_record(kind: str, arch: str | None = None) -> dict[str, Any]:
+    """The interval a prediction of a ``kind`` (``moe``, ``dense``) on hardware generation ``arch`` takes: the
+    generation's own (``HELD_OUT["interval"][kind]["by_arch"][arch]["own"]``) where its rows came from enough
+    sources and it met the held-out standard (:func:`moe_hydra.planning.calibration.meets`), else the kind's."""
+    iv = HELD_OUT["interval"][kind]
+    mine = iv["by_arch"].get(arch) or {}
+    return mine["own"] if mine.get("uses") == "own" else iv
+
+
+def interval(seconds: float, kind: str, arch: str | None = None) -> list[float]:
+    """The range that holds :data:`COVERAGE` (90 %) of the held-out rows of the model's kind (``moe`` or ``dense``)
+    on its hardware generation where the data allow (:func:`interval_record`) around a predicted step time, each
+    source weighing the same: x / exp(w) to x exp(w), w the record's ``log_width``. By kind and generation because
+    they err differently; by source because the rows of one source err together (the pooled rows' p90 let six runs
+    of one source all miss)."""
+    spread = math.exp(interval_record(kind, arch)["log_width"])
     return [seconds / spread, seconds * spread]
 
 
-def tie_width() -> float:
-    """The ratio of predicted step times below which two layouts are indistinguishable: exp of the 90th percentile
-    of the held-out ranking error over every pair. Not by kind: the MoE pairs are 33, 28 of them one workload
-    (Qwen3-235B on 256 H100), too few to set a width of their own; their p90 (0.269) is below the overall one, so
-    the overall width is the cautious one (it screens more)."""
-    return math.exp(HELD_OUT["ranking_p90"])
+def coverage(kind: str, arch: str | None = None) -> dict[str, Any]:
+    """``plan.json``'s ``step_time`` figures of the interval's coverage: the nominal one, the one measured leaving
+    sources out (pooled over the rows), the worst source's, and what the width is taken from."""
+    iv = interval_record(kind, arch)
+    on_arch = (HELD_OUT["interval"][kind]["by_arch"].get(arch) or {}).get("kind") if iv.get("by_arch") else None
+    return {"coverage": iv["coverage"], "held_out_coverage": iv["held_out_coverage"],
+            "worst_source_coverage": iv["by_source"][iv["worst_source"]], "interval_sources": iv["sources"],
+            # how the kind's interval held the rows of this generation alone (leaving each source out)
+            "arch": arch, "held_out_coverage_on_arch": on_arch["held_out_coverage"] if on_arch else None,
+            "interval_scheme": f"{iv['coverage']:.0%} of the held-out rows of {iv['of']} ({iv['sources']} sources), "
+                               "each source weighing the same; coverage measured leaving each source out"}
+
+
+def tie_width(kind: str) -> float:
+    """The ratio of predicted step times below which the model orders two layouts of a ``kind`` (``moe``,
+    ``dense``) right with less than 95 % confidence: ``HELD_OUT["ordering"][kind]["tie_ratio"]``, from whether the
+    held-out pairs of the kind were ordered right as a function of their predicted ratio
+    (:func:`moe_hydra.planning.calibration.order_width`). Few pairs give a wide ratio (the MoE pairs are 33, 29 of
+    them one workload)."""
+    return HELD_OUT["ordering"][kind]["tie_ratio"]
 
 
 def prediction(r: Resolved, dense_params: int, expert_params: int, flops_per_token: float) -> dict | None:
@@ -135,7 +164,8 @@ def prediction(r: Resolved, dense_params: int, expert_params: int, flops_per_tok
     peak, _ = metrics.peak_tflops(cfg.hardware, cfg.precision)
     tflops = flops_per_token * tokens / (seconds * world * 1e12)
     kind = "moe" if r.arch.experts else "dense"
-    return {"seconds": seconds, "interval_s": interval(seconds, kind), "interval_of": kind,
+    return {"seconds": seconds, "interval_s": interval(seconds, kind, cfg.hardware.arch), "interval_of": kind,
+            **coverage(kind, cfg.hardware.arch),
             "terms": terms, "calibration": CALIBRATION,
             "held_out": HELD_OUT, "tokens_per_s_per_gpu": tokens / (seconds * world), "tflops_per_gpu": tflops,
             "mfu": tflops / peak if peak else None}

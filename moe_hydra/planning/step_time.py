@@ -16,6 +16,12 @@ from moe_hydra.core.resolved import Resolved
 from moe_hydra.planning import memory, step_model
 
 
+# What a plan that a calibration does not hold for says to do about it (plan.json: step_time.calibration.extend)
+EXTEND = ("calibrate with this plan's settings: its command with stage=calibrate instead of stage=plan measures its "
+          "model, processes and settings on every layout it can run, and the other recompute and dispatcher options "
+          "(calibrate.variants); then name the new file in hardware.calibration")
+
+
 def prediction(r: Resolved, dense_params: int, expert_params: int, flops_per_token: float) -> dict | None:
     """The plan's step time: :func:`calibrated` when the calibration holds for the plan; else the priors'
     (``dense_params``, ``expert_params``: the most loaded rank's), with the calibration's ``differences`` when one
@@ -46,7 +52,7 @@ def calibrated(r: Resolved, dense_params: int, expert_params: int, flops_per_tok
              "machine": cal.get("machine"), "model": cal.get("model"), "reference": reference}
     found = estimate(cal, r, dense_params, expert_params)
     if isinstance(found, list):
-        return {"seconds": None, "calibration": {**named, "applies": False, "differences": found}}
+        return {"seconds": None, "calibration": {**named, "applies": False, "differences": found, "extend": EXTEND}}
     seconds, terms, used = found
     spread = math.exp(used["p90"])
     upper = seconds + (used["scaled_out"]["reduction_s"] - terms["data_parallel"] if "scaled_out" in used else 0.0)
@@ -54,6 +60,10 @@ def calibrated(r: Resolved, dense_params: int, expert_params: int, flops_per_tok
     peak, _ = metrics.peak_tflops(cfg.hardware, cfg.precision)
     tflops = flops_per_token * tokens / (seconds * world * 1e12)
     return {"seconds": seconds, "interval_s": [seconds / spread, upper * spread], "interval_of": "calibration",
+            "coverage": step_model.COVERAGE, "held_out_coverage": None,
+            "interval_scheme": "the p90 of the calibration's own held-out error (each measured step predicted by the "
+                               "others); its coverage of real runs the calibration never saw is not measured here "
+                               "(benchmarks/calibration_heldout.py measures it)",
             "terms": terms, "calibration": {**named, "applies": True, **used},
             "tokens_per_s_per_gpu": tokens / (seconds * world), "tflops_per_gpu": tflops,
             "mfu": tflops / peak if peak else None}

@@ -29,7 +29,7 @@ about an hour on 2 cores (the calibrations 13-14 minutes of it); run it alone (a
 
     python benchmarks/calibration_heldout.py [--dir DIR] [--runs 2] [--window 40] [--quick] [--models tiny_moe]
         [--earlier DIR ...]   # also judged on earlier benchmarks' runs of the same configurations (other hours)
-        [--reference-every 4]
+        [--reference-every 4] [--record]   # --record: rows kept in benchmarks/data/calibration_heldout/
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ SINGLES = [
     ("mbs2-seq256-M4", "PP2", ["train.micro_batch_size=2", "train.global_batch_size=8", "train.seq_length=256"]),
 ]
 DEPTH = ["model.num_layers=4"]
+RECORDS = Path(__file__).resolve().parent / "data" / "calibration_heldout"  # --record: each benchmark's rows
 WARMUP = 15  # steps before a run's window: this CPU's steps still fall for about 20 steps after the start
 
 
@@ -202,6 +203,9 @@ def main() -> None:
                     help="earlier benchmarks' --dir: also judge the predictions on their runs of each configuration")
     ap.add_argument("--reference-every", type=int, default=4,
                     help="the runs' contract.reference_every (the machine's reference read in their window)")
+    ap.add_argument("--record", action="store_true",
+                    help=f"also keep heldout.json in {RECORDS.relative_to(RECORDS.parents[2])}/ (one file a calibration "
+                         "hour)")
     a = ap.parse_args()
     root = a.dir or Path(tempfile.mkdtemp(prefix="moe_hydra_calibration_heldout_"))
     print(f"in {root}", flush=True)
@@ -284,8 +288,15 @@ def main() -> None:
           f"({figures['held']:.0%}; goal >= 85 %), median width x{figures['median_width']:.2f} (<= x1.5); predicted "
           f"too fast for {figures['too_fast']:.0%} of them (neither side > 75 %); pairs of one model and batch ordered "
           f"wrong: {figures['pairs_wrong']} of {figures['pairs']}")
-    (root / "heldout.json").write_text(json.dumps({"figures": figures, "rows": rows}, indent=1))
+    text = json.dumps({"figures": figures, "rows": rows}, indent=1)
+    (root / "heldout.json").write_text(text)
     print(f"each row and the figures: {root / 'heldout.json'}")
+    if a.record:  # the log of calibrations made at different hours, kept in the repository
+        at = min(figures["calibrated_at"].values())
+        path = RECORDS / f"{at.replace(':', '')}-{'-'.join(a.models)}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n")
+        print(f"recorded as {path}")
 
 
 def interval_figures(rows: list[dict]) -> dict:

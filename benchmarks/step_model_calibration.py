@@ -201,8 +201,8 @@ def main() -> None:
     for kind, order in calibration.ordering(timed, held).items():
         print(f"  ordering of {LABEL[kind]} pairs ({order['of']}): {order['wrong']} of {order['pairs']} ordered wrong; "
               f"spread {order['sigma']:.3f} (95 % upper {order['sigma_upper']:.3f}): tied below "
-              f"x{order['tie_ratio']:.3f}, where the pairs predicted further apart were ordered wrong in {_share(order['wrong_apart'])}, the "
-              f"closer ones in {_share(order['wrong_within'])}")
+              f"x{order['tie_ratio']:.3f}, where the pairs predicted further apart were ordered wrong in "
+              f"{_share(order['wrong_apart'])}, the closer ones in {_share(order['wrong_within'])}")
     for coverage in (0.8, 0.9):
         for kind, iv in calibration.intervals(timed, held, coverage).items():
             print(f"{coverage:.0%} interval of {LABEL[kind]} rows ({iv['of']}, {iv['sources']} sources, each weighing "

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ import pytest
 from moe_hydra.core import contract
 from moe_hydra.core.resolved import resolve
 from moe_hydra.planning import plan
-from tests.conftest import ROOT, compose_config, run_cli
+from tests.conftest import ROOT, calm, compose_config, run_cli
 from tests.data.fixtures import BYTES, text_docs, write_dataset
 
 DOCS = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
@@ -55,12 +54,7 @@ def real_run(dataset, tmp_path_factory) -> Path:
     judges real runs)."""
     r, run = _train(tmp_path_factory.mktemp("real"), "data.kind=megatron", f"data.path=[{dataset[0]}]", WINDOW)
     assert r.returncode == 0, r.stderr[-3000:]
-    res = json.loads((run / "results.json").read_text())
-    first, last = res["window"]
-    median = statistics.median(res["step_times_ms"][first - 1:last])
-    res["step_times_ms"] = [median * (1 + 0.01 * (i % 3 - 1)) for i in range(len(res["step_times_ms"]))]
-    res["step_time_ms"] = statistics.fmean(res["step_times_ms"][first - 1:last])
-    (run / "results.json").write_text(json.dumps(res))
+    calm(run, json.loads((run / "results.json").read_text())["window"])
     return run
 
 
